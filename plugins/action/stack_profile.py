@@ -24,7 +24,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(
+        dummy, args = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC, mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")]
         )
         host = (task_vars or {}).get("inventory_hostname", "controller")

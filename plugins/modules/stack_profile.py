@@ -37,12 +37,15 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads and validates only; the same result in check mode.
   diff_mode:
     support: none
+    description: Nothing on the host changes, so there is no diff.
   action:
     support: full
+    description: Runs as an action plugin on the controller.
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""

@@ -41,7 +41,9 @@ def find_profile(name: str | None, path: str | None, search_dirs=()) -> Path:
             raise ProfileError(f"stack profile file {path!r} does not exist; pass an existing YAML file")
         return candidate
     if not name:
-        raise ProfileError("no stack profile given; set gpufleet_stack_profile to a profile name (e.g. cu130) or a path")
+        raise ProfileError(
+            "no stack profile given; set gpufleet_stack_profile to a profile name (e.g. cu130) or a path"
+        )
     dirs = [Path(d).expanduser() for d in search_dirs] + [STACKS_DIR]
     for directory in dirs:
         candidate = directory / f"{name}.yml"
@@ -49,7 +51,8 @@ def find_profile(name: str | None, path: str | None, search_dirs=()) -> Path:
             return candidate
     known = sorted(p.stem for d in dirs if d.is_dir() for p in d.glob("*.yml"))
     raise ProfileError(
-        f"stack profile {name!r} not found in {', '.join(str(d) for d in dirs)}; known profiles: {', '.join(known) or 'none'}"
+        f"stack profile {name!r} not found in {', '.join(str(d) for d in dirs)};"
+        f" known profiles: {', '.join(known) or 'none'}"
     )
 
 
@@ -157,5 +160,3 @@ def load_profile(name=None, path=None, search_dirs=(), index_urls=None, redist_u
     profile = apply_overrides(profile, index_urls, redist_url)
     profile["source"] = {"path": str(source), "sha256": hashlib.sha256(raw).hexdigest()}
     return profile
-
-
