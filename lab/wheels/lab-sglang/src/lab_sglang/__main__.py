@@ -1,0 +1,163 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""`python -m lab_sglang --host H --port P --model-path M [--speculative-* ...]`.
+
+Takes SGLang's launch_server flags that matter to the lab; other SGLang flags are accepted and
+ignored with a warning so a real command line still starts. `--lab-*` flags (or LAB_SGLANG_*
+variables) override the stack-derived rates and inject faults for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from lab_sglang import __version__
+from lab_sglang.server import FAULTS, Config, make_server
+from lab_sglang.stack import resolve_rates
+
+LOG = logging.getLogger("lab_sglang")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab_sglang", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--tokenizer-path")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--context-length", type=int, default=8192)
+    parser.add_argument("--speculative-algorithm", choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"])
+    parser.add_argument("--speculative-draft-model-path")
+    parser.add_argument("--speculative-num-steps", type=int)
+    parser.add_argument("--speculative-eagle-topk", type=int)
+    parser.add_argument("--speculative-num-draft-tokens", type=int)
+    env = os.environ.get
+    lab = parser.add_argument_group("lab controls (also LAB_SGLANG_* variables)")
+    lab.add_argument("--lab-stack", choices=["old", "new"], help="force the stack instead of reading versions")
+    lab.add_argument("--lab-nospec-tok-s", type=float, help="decode tok/s of one request without speculation")
+    lab.add_argument("--lab-spec-tok-s", type=float, help="decode tok/s of one request with speculation")
+    lab.add_argument("--lab-accept-length", type=float, help="mean tokens accepted per verify step")
+    lab.add_argument("--lab-ttft-ms", type=float, default=float(env("LAB_SGLANG_TTFT_MS", "20")))
+    lab.add_argument(
+        "--lab-prefill-us-per-token", type=float, default=float(env("LAB_SGLANG_PREFILL_US_PER_TOKEN", "100"))
+    )
+    lab.add_argument(
+        "--lab-batch-penalty",
+        type=float,
+        default=float(env("LAB_SGLANG_BATCH_PENALTY", "0")),
+        help="each other running request slows a new one by this fraction",
+    )
+    lab.add_argument(
+        "--lab-startup-s",
+        type=float,
+        default=float(env("LAB_SGLANG_STARTUP_S", "1.0")),
+        help="seconds before /health answers 200",
+    )
+    lab.add_argument("--lab-fault", choices=FAULTS, default=env("LAB_SGLANG_FAULT", "none"))
+    lab.add_argument(
+        "--lab-fault-every",
+        type=int,
+        default=int(env("LAB_SGLANG_FAULT_EVERY", "1")),
+        help="inject the fault on every Nth generation request",
+    )
+    lab.add_argument("--lab-slow-s", type=float, default=float(env("LAB_SGLANG_SLOW_S", "30")))
+    return parser
+
+
+def check_speculative(args: argparse.Namespace) -> str | None:
+    tuning = [args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens]
+    if any(v is not None for v in tuning) and not all(v is not None for v in tuning):
+        return (
+            "set all three of --speculative-num-steps, --speculative-eagle-topk, "
+            "--speculative-num-draft-tokens, or none"
+        )
+    if args.speculative_algorithm in ("EAGLE", "EAGLE3") and not args.speculative_draft_model_path:
+        return f"--speculative-algorithm {args.speculative_algorithm} needs --speculative-draft-model-path"
+    if not args.speculative_algorithm and (args.speculative_draft_model_path or any(v is not None for v in tuning)):
+        return "speculative flags given without --speculative-algorithm"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+    )
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        LOG.warning("ignoring SGLang flags the lab stand-in does not model: %s", " ".join(unknown))
+    problem = check_speculative(args)
+    if problem:
+        LOG.error("invalid server arguments: %s", problem)
+        return 2
+    if args.lab_fault == "exit_on_start":
+        LOG.error("RuntimeError: lab fault injection: the scheduler died while loading %s", args.model_path)
+        return 1
+    for label, path in (("model", args.model_path), ("draft model", args.speculative_draft_model_path)):
+        if path and not os.path.exists(path):
+            LOG.warning("%s path %s does not exist; the lab stand-in serves no real weights", label, path)
+    try:
+        rates = resolve_rates(args.lab_stack, args.lab_nospec_tok_s, args.lab_spec_tok_s, args.lab_accept_length)
+    except ValueError as exc:
+        LOG.error("invalid lab rates: %s", exc)
+        return 2
+    config = Config(
+        host=args.host,
+        port=args.port,
+        model_path=args.model_path,
+        served_model_name=args.served_model_name or args.model_path,
+        rates=rates,
+        speculative_algorithm=args.speculative_algorithm,
+        speculative_draft_model_path=args.speculative_draft_model_path,
+        speculative_num_steps=args.speculative_num_steps,
+        speculative_eagle_topk=args.speculative_eagle_topk,
+        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+        ttft_base_s=args.lab_ttft_ms / 1000.0,
+        prefill_s_per_token=args.lab_prefill_us_per_token / 1e6,
+        batch_penalty=args.lab_batch_penalty,
+        startup_s=args.lab_startup_s,
+        fault=args.lab_fault,
+        fault_every=args.lab_fault_every,
+        slow_s=args.lab_slow_s,
+        context_length=args.context_length,
+        ignored_args=unknown,
+    )
+    try:
+        server = make_server(config)
+    except OSError as exc:
+        LOG.error("cannot bind %s:%s: %s", args.host, args.port, exc)
+        return 1
+
+    def stop(signum, _frame):
+        LOG.info("received signal %d, shutting down", signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    LOG.info(
+        "lab-sglang %s (stack %s): %s on %s:%d, speculative=%s, %.1f tok/s per request, accept length %.2f",
+        __version__,
+        rates.stack,
+        args.model_path,
+        args.host,
+        server.server_address[1],
+        args.speculative_algorithm or "off",
+        config.rate_tok_s,
+        rates.accept_length if config.speculative else 1.0,
+    )
+    LOG.info("The server is fired up and ready to roll!")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
