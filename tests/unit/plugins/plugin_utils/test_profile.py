@@ -1,0 +1,106 @@
+"""Stack profiles: every shipped profile validates; bad ones fail with the field's path and a fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _profile as prof
+
+STACKS = Path(prof.STACKS_DIR)
+SHIPPED = sorted(p.stem for p in STACKS.glob("*.yml"))
+
+
+def load(name):
+    return yaml.safe_load((STACKS / f"{name}.yml").read_text())
+
+
+def test_the_four_profiles_ship():
+    assert {"cu128", "cu130", "lab", "lab-cu128"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_is_valid(name):
+    assert prof.validate(load(name)) == []
+
+
+def test_cu130_targets_cuda_13_with_the_flashinfer_trio():
+    profile = load("cu130")
+    assert profile["cuda"]["version"] == "13.0"
+    names = {p["name"]: p for p in profile["wheels"]["packages"]}
+    assert names["flashinfer-jit-cache"]["local_tag"] == "cu130"
+    assert ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"] in profile["wheels"]["rules"]["same_version"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda p: p["cuda"].__setitem__("version", "13"), "cuda.version"),
+        (lambda p: p["wheels"]["packages"][2].__setitem__("spec", 7), "wheels.packages[2].spec"),
+        (lambda p: p["cuda"].__setitem__("install_method", "curl"), "cuda.install_method"),
+        (lambda p: p.__setitem__("colour", "blue"), "(top level): Additional properties"),
+        (lambda p: p["serving"]["speculative"].pop("eagle_topk"), "serving.speculative"),
+        (lambda p: p["wheels"]["packages"][0].__setitem__("local_tag", "cuda130"), "wheels.packages[0].local_tag"),
+        (lambda p: p["wheels"]["packages"][0]["indexes"].append("nowhere"), "index 'nowhere'"),
+        (lambda p: p["wheels"]["rules"]["same_version"].append(["torch", "ghost"]), "same_version[1]: 'ghost'"),
+        (lambda p: p["cuda"]["sources"].pop("redist"), "cuda.sources.redist is missing"),
+    ],
+)
+def test_bad_profile_names_the_field(mutate, expected):
+    profile = copy.deepcopy(load("cu130"))
+    mutate(profile)
+    errors = prof.validate(profile)
+    assert errors, "the broken profile validated"
+    assert any(expected in e for e in errors), errors
+
+
+def test_load_by_name_records_source_and_hash():
+    profile = prof.load_profile(name="lab")
+    assert profile["source"]["path"].endswith("stacks/lab.yml")
+    assert len(profile["source"]["sha256"]) == 64
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(prof.ProfileError) as err:
+        prof.load_profile(name="cu999")
+    assert "cu999" in str(err.value) and "cu130" in str(err.value)
+
+
+def test_search_dirs_come_first(tmp_path):
+    site = copy.deepcopy(load("lab"))
+    site["description"] = "site copy"
+    (tmp_path / "lab.yml").write_text(yaml.safe_dump(site))
+    assert prof.load_profile(name="lab", search_dirs=[str(tmp_path)])["description"] == "site copy"
+
+
+def test_invalid_file_fails_with_path(tmp_path):
+    bad = copy.deepcopy(load("lab"))
+    bad["python"]["version"] = 3.11
+    path = tmp_path / "bad.yml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(prof.ProfileError) as err:
+        prof.load_profile(path=str(path))
+    assert "python.version" in str(err.value) and str(path) in str(err.value)
+
+
+def test_index_override_replaces_url_and_rejects_unknown_names():
+    profile = prof.load_profile(name="lab", index_urls={"lab-main": "http://127.0.0.1:9/simple"})
+    urls = {i["name"]: i["url"] for i in profile["wheels"]["indexes"]}
+    assert urls["lab-main"] == "http://127.0.0.1:9/simple"
+    with pytest.raises(prof.ProfileError, match="unknown index"):
+        prof.load_profile(name="lab", index_urls={"nope": "http://127.0.0.1:9/simple"})
+
+
+def test_default_index_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/mirror/simple")
+    profile = prof.load_profile(name="cu130")
+    default = [i for i in profile["wheels"]["indexes"] if i["name"] == "default"][0]
+    assert default["url"] == "http://127.0.0.1:9/mirror/simple" and default["is_default"] is True
+
+
+def test_redist_override():
+    profile = prof.load_profile(name="lab", redist_url="http://127.0.0.1:9/redist")
+    assert profile["cuda"]["sources"]["redist"]["url"] == "http://127.0.0.1:9/redist"
