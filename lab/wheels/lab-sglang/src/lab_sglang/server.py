@@ -378,7 +378,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._start_stream()
                 cut_at = max(1, len(schedule.chunks) // 2) if fault == "stream_cut" else None
                 done = 0
-                for index, (size, offset) in enumerate(zip(schedule.chunks, schedule.offsets, strict=True)):
+                for index, size in enumerate(schedule.chunks):
+                    offset = schedule.offsets[index]
                     if cut_at is not None and index == cut_at:
                         LOG.error("request %d: injected stream cut after %d chunks", number, index)
                         self._cut()

@@ -55,6 +55,12 @@ def distribution_version(name: str) -> str | None:
 
 def own_version() -> str:
     """Version of the distribution that holds this package; 0.0.0 when run from a source tree."""
+    try:  # written into the package by the lab wheel builder
+        from lab_sglang._build_info import VERSION  # type: ignore[import-not-found]
+
+        return str(VERSION)
+    except ImportError:
+        pass
     for dist_name in importlib.metadata.packages_distributions().get("lab_sglang", []):
         version = distribution_version(dist_name)
         if version:
