@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# ansible-test must run from an ansible_collections/<namespace>/<name> path inside a git tree: copy the tracked files
+# there, then run the sanity tests with this machine's Python.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+dest=build/sanity/ansible_collections/gpufleet/upgrade
+rm -rf build/sanity
+mkdir -p "$dest"
+git ls-files -co --exclude-standard | grep -v '^lab/\|^bench/' | tar -cT - | tar -C "$dest" -x
+cd "$dest"
+git init -q && git add -A && git -c user.email=ci@localhost -c user.name=ci commit -qm sanity
+"$repo/.venv/bin/ansible-test" sanity --python "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" \
+  --exclude lab/ --exclude bench/ "$@" 2>&1 | grep -v -E '^(Looking in|WARNING: Location|Collecting|Downloading|  Downloading|Using cached|Successfully|Installing collected|Requirement already| +━)' 
