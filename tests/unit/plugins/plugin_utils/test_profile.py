@@ -32,7 +32,8 @@ def test_cu130_targets_cuda_13_with_the_flashinfer_trio():
     assert profile["cuda"]["version"] == "13.0"
     names = {p["name"]: p for p in profile["wheels"]["packages"]}
     assert names["flashinfer-jit-cache"]["local_tag"] == "cu130"
-    assert ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"] in profile["wheels"]["rules"]["same_version"]
+    trio = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
+    assert trio in profile["wheels"]["rules"]["same_version"]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ def test_index_override_replaces_url_and_rejects_unknown_names():
 def test_default_index_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/mirror/simple")
     profile = prof.load_profile(name="cu130")
-    default = [i for i in profile["wheels"]["indexes"] if i["name"] == "default"][0]
+    default = next(i for i in profile["wheels"]["indexes"] if i["name"] == "default")
     assert default["url"] == "http://127.0.0.1:9/mirror/simple" and default["is_default"] is True
 
 
