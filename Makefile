@@ -45,6 +45,7 @@ lint: setup
 	ruff check .
 	ruff format --check .
 	yamllint .
+	antsibull-changelog lint
 	ansible-lint
 
 sanity: setup
