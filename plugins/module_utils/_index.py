@@ -1,0 +1,209 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Talking to package indexes: project listings (PEP 691 JSON, else PEP 503 HTML), wheel METADATA
+(PEP 658 file, else an HTTP range read of the wheel's zip directory) and verified downloads."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import email.utils
+import hashlib
+import io
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+
+from packaging.metadata import Metadata
+from packaging.utils import canonicalize_name
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
+    Candidate,
+    PlanError,
+    parse_project_html,
+    parse_project_json,
+)
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
+USER_AGENT = "gpufleet-wheel-plan/1"
+
+
+class IndexUnreachable(PlanError):
+    """An index that does not answer; the message names it, its URL and the error."""
+
+
+class HashMismatch(PlanError):
+    """A file whose content does not have the sha256 its index listed."""
+
+
+class Fetcher:
+    """HTTP access with counters, so the plan can report what crossed from the indexes."""
+
+    def __init__(self, timeout: float = 30.0):
+        self.timeout = timeout
+        self.requests = 0
+        self.bytes_in = 0
+        self.downloads = []
+
+    def _open(self, url: str, headers=None, method="GET"):
+        req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})}, method=method)
+        self.requests += 1
+        return urllib.request.urlopen(req, timeout=self.timeout)
+
+    def listing(self, index: str, base_url: str, project: str) -> list:
+        """Every wheel the index lists for a project; an empty list when the index does not carry it."""
+        url = f"{base_url.rstrip('/')}/{canonicalize_name(project)}/"
+        try:
+            with self._open(url, {"Accept": ACCEPT}) as resp:
+                body = resp.read()
+                ctype = resp.headers.get("Content-Type", "")
+                final = resp.geturl()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            raise IndexUnreachable(f"index {index!r} ({base_url}) answered HTTP {exc.code} for {url}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise IndexUnreachable(
+                f"index {index!r} ({base_url}) is unreachable: {reason};"
+                " check the URL or its gpufleet_index_urls mirror"
+            ) from exc
+        self.bytes_in += len(body)
+        if JSON_TYPE in ctype:
+            return parse_project_json(json.loads(body), final, index)
+        return parse_project_html(body.decode("utf-8", "replace"), final, index)
+
+    def date_undated(self, cands: list) -> None:
+        """Give candidates without upload-time or dev date the file's Last-Modified (HEAD request)."""
+        for cand in cands:
+            if cand.date is not None:
+                continue
+            try:
+                with self._open(cand.url, method="HEAD") as resp:
+                    stamp = resp.headers.get("Last-Modified")
+            except (urllib.error.URLError, OSError):
+                continue
+            if stamp:
+                cand.last_modified = email.utils.parsedate_to_datetime(stamp).astimezone(_dt.timezone.utc)
+
+    def metadata(self, cand: Candidate) -> Metadata:
+        """The wheel's METADATA: PEP 658 file when offered, else read from the zip's tail with HTTP ranges."""
+        raw = None
+        if cand.metadata_url:
+            try:
+                with self._open(cand.metadata_url) as resp:
+                    raw = resp.read()
+                self.bytes_in += len(raw)
+            except (urllib.error.URLError, OSError):
+                raw = None
+        if raw is None:
+            raw = self._metadata_from_wheel(cand)
+        return Metadata.from_email(raw, validate=False)
+
+    def _metadata_from_wheel(self, cand: Candidate) -> bytes:
+        try:
+            with zipfile.ZipFile(_RangeFile(self, cand.url)) as zf:
+                return _read_metadata(zf, cand)
+        except _NoRanges:
+            with self._open(cand.url) as resp:
+                body = resp.read()
+            self.bytes_in += len(body)
+            with zipfile.ZipFile(io.BytesIO(body)) as zf:
+                return _read_metadata(zf, cand)
+
+    def download(self, url: str, dest: str, sha256: str) -> bool:
+        """Fetch ``url`` to ``dest`` unless a file with that sha256 is already there. True if it was fetched."""
+        if os.path.exists(dest) and file_sha256(dest) == sha256:
+            return False
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".part-")
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out, self._open(url) as resp:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    self.bytes_in += len(chunk)
+            if digest.hexdigest() != sha256:
+                raise HashMismatch(
+                    f"hash mismatch for {url}: the lock (from the index listing) says sha256 {sha256}, the file"
+                    f" served has {digest.hexdigest()}; the index lists a stale hash or the file was replaced."
+                    " Re-run the plan once the index is consistent; nothing was installed."
+                )
+            os.replace(tmp, dest)
+        except (urllib.error.URLError, OSError) as exc:
+            raise IndexUnreachable(f"download of {url} failed: {getattr(exc, 'reason', exc)}") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self.downloads.append(url)
+        return True
+
+
+def _read_metadata(zf: zipfile.ZipFile, cand: Candidate) -> bytes:
+    names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+    if len(names) != 1:
+        raise PlanError(
+            f"wheel {cand.filename} from {cand.index} has {len(names)} .dist-info/METADATA files, expected 1"
+        )
+    return zf.read(names[0])
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _NoRanges(Exception):
+    pass
+
+
+class _RangeFile(io.RawIOBase):
+    """A seekable read-only view of a remote file through HTTP Range requests: zipfile reads only the central
+    directory and the METADATA member, a few KiB of a wheel that may weigh a GiB."""
+
+    def __init__(self, fetcher: Fetcher, url: str):
+        super().__init__()
+        self.fetcher, self.url, self.pos = fetcher, url, 0
+        with fetcher._open(url, method="HEAD") as resp:
+            if resp.headers.get("Accept-Ranges", "").lower() != "bytes":
+                raise _NoRanges()
+            self.size = int(resp.headers["Content-Length"])
+
+    def seekable(self):
+        return True
+
+    def readable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def read(self, size=-1):
+        end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
+        if end <= self.pos:
+            return b""
+        with self.fetcher._open(self.url, {"Range": f"bytes={self.pos}-{end - 1}"}) as resp:
+            if resp.status != 206:
+                raise _NoRanges()
+            data = resp.read()
+        self.fetcher.bytes_in += len(data)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buffer):
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

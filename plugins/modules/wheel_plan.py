@@ -1,0 +1,159 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# The work happens in the action plugin of the same name (plugins/action/wheel_plan.py), on the controller:
+# the plan is made once per fleet run and every wheel crosses from its index once, into the controller's wheelhouse.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: wheel_plan
+short_description: Choose the serving wheels of a stack profile and lock them (URLs + sha256)
+description:
+  - Probes every index the profile names for every profile package, with PEP 691 JSON and a fallback to PEP 503
+    HTML; parses file names, versions, local tags and compatibility tags with C(packaging); dates builds from PEP 700
+    C(upload-time), else from C(devYYYYMMDD) versions, else from the file's C(Last-Modified).
+  - Picks per package the newest build that satisfies the spec, the CUDA local tag, the hosts' Python and platform.
+    Records every candidate seen per index with version, date and the reason it was not chosen.
+  - Flags a stale source (its newest build older than C(rules.max_age_days), or more than C(rules.stale_gap_days)
+    behind another source of the same package) and refuses to pick from it unless C(allow_stale) is set.
+  - Cross-package rules come from the profile and the wheels, never from code. Members of each
+    C(rules.same_version) group get the same public version (the FlashInfer trio). Pins one profile package's
+    METADATA puts on another (a kernel wheel's exact torch pin) are honoured. A wheel whose METADATA version
+    disagrees with its file name is rejected (METADATA read via PEP 658 when the index offers it, else by HTTP
+    range reads of the wheel's zip directory).
+  - Dependencies of the chosen wheels are resolved by C(uv pip compile) over the profile's own indexes, with the
+    chosen files as direct references, and locked the same way.
+  - Writes the lock to O(controller_dir)C(/locks/<profile>-<hash12>.json) with a human report beside it, downloads
+    every locked wheel once into O(controller_dir)C(/wheelhouse) (sha256 verified) and sets the fact
+    C(gpufleet_wheel_lock).
+  - Runs on the controller only; needs C(packaging) and C(uv) there.
+version_added: 0.1.0
+options:
+  profile:
+    description: The validated stack profile; defaults to the fact C(gpufleet_stack) set by role C(stack).
+    type: dict
+  python_version:
+    description: Python version of the hosts, C(X.Y); defaults to the profile's C(python.version).
+    type: str
+  platform:
+    description:
+      - The hosts' platform as C(ARCH-manylinux_2_MINOR) (the hosts' glibc) or C(ARCH-linux).
+    type: str
+    default: x86_64-manylinux_2_28
+  controller_dir:
+    description: Controller folder for locks and the wheelhouse; defaults to C(gpufleet_controller_dir).
+    type: path
+  fetch:
+    description: Download the locked wheels into the controller's wheelhouse.
+    type: bool
+    default: true
+  tools:
+    description: Requirements locked beside the serving set for the hosts' tools venv (uv itself).
+    type: list
+    elements: str
+    default: [uv]
+  uv_path:
+    description: Path of C(uv) on the controller; defaults to the one next to the controller's Python, then C(PATH).
+    type: path
+  timeout:
+    description: Seconds to wait for each index request.
+    type: int
+    default: 30
+  today:
+    description: Date (C(YYYY-MM-DD)) that ages are measured from; defaults to today. For tests and audits.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: Probes and resolves as usual and returns the same lock; writes neither the lock nor the wheelhouse.
+  diff_mode:
+    support: full
+    details: The human report of the plan.
+  action:
+    support: full
+notes:
+  - Use with C(run_once) in a play over the fleet; the fact reaches every host of the batch.
+author:
+  - gpufleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Plan the serving wheels once for the whole fleet
+  gpufleet.upgrade.wheel_plan:
+    platform: x86_64-manylinux_2_36
+  run_once: true
+
+- name: Plan for Python 3.12 hosts without filling the wheelhouse
+  gpufleet.upgrade.wheel_plan:
+    profile: "{{ gpufleet_stack }}"
+    python_version: "3.12"
+    controller_dir: /srv/gpufleet
+    fetch: false
+  run_once: true
+"""
+
+RETURN = r"""
+lock:
+  description: The lock, also set as fact C(gpufleet_wheel_lock).
+  returned: success
+  type: dict
+  contains:
+    hash:
+      description: sha256 over the Python version and every locked file name and sha256.
+      type: str
+    venv_name:
+      description: C(<profile>-<hash12>), the name of the venv built from this lock.
+      type: str
+    packages:
+      description: One entry per wheel (name, version, filename, url, sha256, index, size, role).
+      type: list
+      elements: dict
+    tools:
+      description: Wheels of the hosts' tools venv, same fields.
+      type: list
+      elements: dict
+    report:
+      description: Per profile package the choice, why, the sources with staleness and every candidate seen.
+      type: dict
+    wheelhouse:
+      description: Controller folder holding every locked wheel.
+      type: str
+lock_path:
+  description: Path of the lock file on the controller.
+  returned: success
+  type: str
+report:
+  description: The human report, one line per item.
+  returned: success
+  type: list
+  elements: str
+fetch:
+  description: What crossed from the indexes in this run (files fetched or reused, requests, bytes).
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - after the documentation, as Ansible expects
+
+ARGUMENT_SPEC = {
+    "profile": {"type": "dict"},
+    "python_version": {"type": "str"},
+    "platform": {"type": "str", "default": "x86_64-manylinux_2_28"},
+    "controller_dir": {"type": "path"},
+    "fetch": {"type": "bool", "default": True},
+    "tools": {"type": "list", "elements": "str", "default": ["uv"]},
+    "uv_path": {"type": "path"},
+    "timeout": {"type": "int", "default": 30},
+    "today": {"type": "str"},
+}
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg="gpufleet.upgrade.wheel_plan runs as its action plugin on the controller; call it by its FQCN")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Make a wheel lock from a profile: probe, resolve (``_wheels``), add dependencies with uv, fetch the wheelhouse.
+
+Dependencies are resolved by ``uv pip compile`` (a real resolver with backtracking, the tool the hosts install
+with) over the profile's own indexes, with every profile package given as the exact file the plan chose. uv
+writes a PEP 751 lock (pylock.toml) with file URLs and hashes; the plan keeps, per dependency, the one wheel
+that fits the hosts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import tomllib
+from packaging.utils import canonicalize_name
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._index import Fetcher, file_sha256
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
+    LOCK_SCHEMA,
+    PlanError,
+    Target,
+    lock_hash,
+    pick_file,
+    resolve_plan,
+    rules_from_profile,
+)
+
+
+def probe(fetcher: Fetcher, wheels: dict, rules_by_pkg: list) -> list:
+    """Listings of every profile package on every index it names, dated."""
+    urls = {i["name"]: i["url"] for i in wheels["indexes"]}
+    cands = []
+    for rule in rules_by_pkg:
+        for index in rule.indexes:
+            cands.extend(fetcher.listing(index, urls[index], rule.name))
+    fetcher.date_undated(cands)
+    return cands
+
+
+def find_uv(uv_path: str | None = None) -> str:
+    for candidate in (uv_path, os.path.join(os.path.dirname(sys.executable), "uv"), shutil.which("uv")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise PlanError("uv is not installed on the controller; install it next to ansible-core (pip install uv)")
+
+
+def uv_platform(platform: str) -> str:
+    arch, _, rest = platform.partition("-")
+    return f"{arch}-unknown-linux-gnu" if rest == "linux" else platform
+
+
+def uv_compile(uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600) -> list:
+    """Resolve ``requirements`` with uv over the profile's indexes; returns pylock packages (name, version, files)."""
+    indexes = wheels["indexes"]
+    default = next((i for i in indexes if i.get("is_default")), indexes[-1])
+    args = [uv, "pip", "compile", "--no-config", "--no-build", "--quiet", "--default-index", default["url"]]
+    for index in indexes:
+        if index is not default:
+            args += ["--index", index["url"]]
+    args += ["--python-version", target.python_version, "--python-platform", uv_platform(target.platform)]
+    # Only the cache location may come from the environment: index settings would bypass the profile.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_")) or k == "UV_CACHE_DIR"}
+    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as tmp:
+        req_in = os.path.join(tmp, "requirements.in")
+        with open(req_in, "w") as handle:
+            handle.write("\n".join(requirements) + "\n")
+        out = os.path.join(tmp, "pylock.toml")
+        proc = subprocess.run(
+            [*args, "--format", "pylock.toml", "-o", out, req_in],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise PlanError(
+                "uv could not resolve the dependencies of the chosen wheels over the profile's indexes"
+                f" ({', '.join(i['name'] for i in indexes)}): {proc.stderr.strip()}"
+            )
+        with open(out, "rb") as handle:
+            return tomllib.load(handle).get("packages", [])
+
+
+def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
+    """One entry per package: the chosen file for profile packages, the best-fitting wheel for dependencies."""
+    by_url = {c.url: c for c in chosen.values()}
+    entries = []
+    for pkg in pylock:
+        name = canonicalize_name(pkg["name"])
+        if "archive" in pkg:
+            files = [{"url": pkg["archive"]["url"], "sha256": pkg["archive"]["hashes"].get("sha256")}]
+        else:
+            files = [{"url": w["url"], "sha256": (w.get("hashes") or {}).get("sha256")} for w in pkg.get("wheels", [])]
+        wheel = pick_file(files, target)
+        if wheel is None or not wheel.get("sha256"):
+            raise PlanError(
+                f"dependency {name}=={pkg.get('version')} has no wheel with a sha256 for Python {target.python_version}"
+                f" on {target.platform} in the profile's indexes (the plan installs wheels only, hashes required);"
+                " add an index that carries one or pin another version in the profile"
+            )
+        cand = by_url.get(wheel["url"])
+        entries.append(
+            {
+                "name": name,
+                "version": str(pkg["version"]),
+                "filename": wheel["filename"],
+                "url": wheel["url"],
+                "sha256": cand.sha256 if cand and cand.sha256 else wheel["sha256"],
+                "index": cand.index if cand else None,
+                "size": cand.size if cand else None,
+                "role": role if cand is None else "profile",
+            }
+        )
+    return sorted(entries, key=lambda e: e["name"])
+
+
+def make_lock(profile: dict, target: Target, fetcher: Fetcher, uv: str, tools=("uv",), today=None) -> dict:
+    wheels = profile["wheels"]
+    rules_by_pkg, rules = rules_from_profile(wheels)
+    cands = probe(fetcher, wheels, rules_by_pkg)
+    chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, fetcher.metadata, today=today)
+    for cand in chosen.values():
+        if not cand.sha256:
+            raise PlanError(
+                f"index {cand.index!r} lists {cand.filename} without a sha256; the lock requires hashes."
+                " Use an index that publishes hashes (PEP 503 #sha256= or PEP 691 hashes)."
+            )
+    pins = [f"{c.project} @ {c.url}" for c in chosen.values()]
+    packages = lock_entries(uv_compile(uv, pins, wheels, target), chosen, target, "dependency")
+    tool_entries = lock_entries(uv_compile(uv, list(tools), wheels, target), {}, target, "tool") if tools else []
+    digest = lock_hash(packages, target)
+    return {
+        "schema": LOCK_SCHEMA,
+        "profile": profile["name"],
+        "python": target.python_version,
+        "platform": target.platform,
+        "hash": digest,
+        "hash12": digest[:12],
+        "venv_name": f"{profile['name']}-{digest[:12]}",
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "packages": packages,
+        "tools": tool_entries,
+        "report": report,
+    }
+
+
+def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str) -> dict:
+    """Every locked wheel once into the controller's wheelhouse, sha256 verified; hosts install from copies."""
+    fetched, reused, nbytes = [], [], 0
+    for entry in lock["packages"] + lock["tools"]:
+        dest = os.path.join(wheelhouse, entry["filename"])
+        if fetcher.download(entry["url"], dest, entry["sha256"]):
+            fetched.append(entry["filename"])
+        else:
+            reused.append(entry["filename"])
+        entry["size"] = os.path.getsize(dest)
+        nbytes += entry["size"]
+    return {"path": wheelhouse, "fetched": fetched, "reused": reused, "bytes": nbytes}
+
+
+def verify_wheelhouse(lock: dict, wheelhouse: str) -> list:
+    """Files of the lock missing from the wheelhouse or with another sha256."""
+    bad = []
+    for entry in lock["packages"] + lock["tools"]:
+        path = os.path.join(wheelhouse, entry["filename"])
+        if not os.path.exists(path) or file_sha256(path) != entry["sha256"]:
+            bad.append(entry["filename"])
+    return bad
+
+
+def report_lines(lock: dict) -> list:
+    """The human report: per profile package what was chosen and why, stale sources, candidates seen."""
+    lines = [
+        f"wheel plan for profile {lock['profile']} (Python {lock['python']}, {lock['platform']}): {lock['venv_name']}"
+    ]
+    for name, rep in lock["report"].items():
+        lines.append(f"{name}: {rep['why']}")
+        for index, src in rep["sources"].items():
+            state = f"STALE ({src['reason']})" if src["stale"] else "ok"
+            lines.append(
+                f"  source {index}: {src['count']} file(s), newest build {src['newest'] or 'undated'}: {state}"
+            )
+        for cand in rep["candidates"]:
+            lines.append(f"    {cand['index']}: {cand['filename']} ({cand['date'] or 'undated'}): {cand['status']}")
+    deps = [e for e in lock["packages"] if e["role"] == "dependency"]
+    if deps:
+        lines.append("dependencies (resolved by uv): " + ", ".join(f"{e['name']}=={e['version']}" for e in deps))
+    return lines
