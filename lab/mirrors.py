@@ -1,0 +1,171 @@
+# Copyright: (c) 2026, gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Lab mirrors: build the wheelhouses and the CUDA redist tree once, serve them on loopback.
+
+lab-main and lab-stale are pypiserver indexes (PEP 503 HTML with #sha256 fragments, plus pypiserver's
+``/<project>/json``; no PEP 691 JSON); redist is a static tree at ``/redist/`` with Last-Modified.
+Servers are detached processes with pid files and JSON-lines access logs under .lab/mirrors/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lab import redist, wheels
+from lab.common import MIRRORS, REPO, log, mirror_ports, mirror_urls, port_open
+
+RUN = MIRRORS / "run"
+LOGS = MIRRORS / "logs"
+
+
+def build(force: bool = False) -> dict:
+    MIRRORS.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    out = {"wheels": wheels.build(MIRRORS, force=force), "redist": redist.build(MIRRORS / "redist", force=force)}
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def is_built() -> bool:
+    return all((MIRRORS / d).is_dir() for d in ("lab-main", "lab-stale", "redist"))
+
+
+def _servers(ports: dict[str, int]) -> dict[str, list[str]]:
+    return {
+        "lab-main": ["--kind", "pypi", "--root", str(MIRRORS / "lab-main")],
+        "lab-stale": ["--kind", "pypi", "--root", str(MIRRORS / "lab-stale")],
+        "redist": ["--kind", "static", "--root", str(MIRRORS / "redist"), "--prefix", "/redist"],
+    }
+
+
+def pid_file(name: str, port: int) -> Path:
+    return RUN / f"{name}-{port}.pid"
+
+
+def access_log(name: str, port: int | None = None) -> Path:
+    """JSON-lines request log of one mirror (one object per request: path, status, bytes, ts)."""
+    port = port or mirror_ports()[name]
+    return LOGS / f"{name}-{port}.access.jsonl"
+
+
+def read_access_log(name: str, port: int | None = None, since: float = 0.0) -> list[dict]:
+    path = access_log(name, port)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("ts", 0) >= since:
+            rows.append(rec)
+    return rows
+
+
+def _our_pid(name: str, port: int) -> int | None:
+    """The pid from the pid file if that process is still our server (pids get reused)."""
+    pf = pid_file(name, port)
+    try:
+        pid = int(pf.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    if b"lab.serve" in cmdline and str(port).encode() in cmdline:
+        return pid
+    return None
+
+
+def start(ports: dict[str, int] | None = None) -> dict:
+    """Start the three servers unless they already run; idempotent."""
+    ports = ports or mirror_ports()
+    if not is_built():
+        raise RuntimeError("mirrors are not built: run `python -m lab mirrors build` first")
+    RUN.mkdir(parents=True, exist_ok=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    started = []
+    for name, args in _servers(ports).items():
+        port = ports[name]
+        if _our_pid(name, port):
+            continue
+        if port_open(port):
+            raise RuntimeError(
+                f"mirror {name}: 127.0.0.1:{port} is in use by another process; "
+                f"stop it or choose another port ({'LAB_' + name.upper().replace('LAB-', '').replace('-', '_')}_PORT)"
+            )
+        cmd = [
+            sys.executable,
+            "-m",
+            "lab.serve",
+            *args,
+            "--port",
+            str(port),
+            "--name",
+            name,
+            "--access-log",
+            str(access_log(name, port)),
+        ]
+        with (LOGS / f"{name}-{port}.log").open("a") as out:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        pid_file(name, port).write_text(f"{proc.pid}\n")
+        started.append((name, port, proc))
+    deadline = time.monotonic() + 20
+    for name, port, proc in started:
+        while not port_open(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mirror {name} did not come up on {port}; see {LOGS / f'{name}-{port}.log'}")
+            time.sleep(0.1)
+        log(f"mirror {name} up on 127.0.0.1:{port} (pid {proc.pid})")
+    return {"started": [n for n, _, _ in started], "urls": mirror_urls(ports)}
+
+
+def stop(ports: dict[str, int] | None = None) -> list[str]:
+    ports = ports or mirror_ports()
+    stopped = []
+    for name, port in ports.items():
+        pid = _our_pid(name, port)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(50):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.1)
+            stopped.append(name)
+        pid_file(name, port).unlink(missing_ok=True)
+    return stopped
+
+
+def status(ports: dict[str, int] | None = None) -> dict:
+    ports = ports or mirror_ports()
+    urls = mirror_urls(ports)
+    out = {}
+    for name, port in ports.items():
+        rows = read_access_log(name, port)
+        out[name] = {
+            "url": urls[name],
+            "port": port,
+            "pid": _our_pid(name, port),
+            "listening": port_open(port),
+            "requests": len(rows),
+            "bytes_served": sum(r.get("bytes") or 0 for r in rows),
+        }
+    out["built"] = is_built()
+    return out
+
+
+def running(ports: dict[str, int] | None = None) -> bool:
+    ports = ports or mirror_ports()
+    return all(port_open(p) for p in ports.values())

@@ -1,0 +1,283 @@
+# Copyright: (c) 2026, gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Lab nodes: podman containers with systemd and sshd on the machine's network, seeded with the old stack."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from lab import image, mirrors
+from lab.common import REPO, STATE, free_port, log, mirror_ports, mirror_urls, podman, port_open, run, write_atomic
+
+LABEL = "gpufleet.lab"
+SEED_SCRIPT = Path(__file__).resolve().parent / "seed" / "seed_old_stack.py"
+DEFAULT_INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
+BOOT_TIMEOUT = 90
+
+
+def lab_dir(name: str) -> Path:
+    return STATE / name
+
+
+def node_names(name: str, n: int) -> list[str]:
+    return [f"{name}-node{i}" for i in range(1, n + 1)]
+
+
+def ensure_key(name: str) -> Path:
+    key = lab_dir(name) / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        tmp = key.with_name(".id_ed25519.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.with_suffix(".tmp.pub").unlink(missing_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpufleet-lab-{name}", "-f", str(tmp)], capture=True)
+        tmp.with_suffix(".tmp.pub").rename(key.with_suffix(".pub"))
+        tmp.rename(key)
+    write_atomic(lab_dir(name) / "authorized_keys", key.with_suffix(".pub").read_text(), mode=0o644)
+    return key
+
+
+def _sshd_dropin(port: int) -> str:
+    return (
+        "# Per-node sshd settings (bind-mounted by python -m lab up): nodes share the machine's network.\n"
+        f"Port {port}\n"
+        "ListenAddress 127.0.0.1\n"
+        "PermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\n"
+        "AuthorizedKeysFile .ssh/authorized_keys /etc/ssh/lab_authorized_keys\n"
+        "UseDNS no\n"
+    )
+
+
+def load_state(name: str) -> dict:
+    path = lab_dir(name) / "nodes.json"
+    return json.loads(path.read_text()) if path.exists() else {"nodes": {}}
+
+
+def container_state(node: str) -> str | None:
+    res = podman("inspect", "--format", "{{.State.Status}}", node, check=False)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def _create(node: str, name: str, ssh_port: int, ref: str) -> None:
+    ndir = lab_dir(name) / "nodes" / node
+    ndir.mkdir(parents=True, exist_ok=True)
+    write_atomic(ndir / "10-lab.conf", _sshd_dropin(ssh_port), mode=0o644)
+    podman(
+        "run",
+        "-d",
+        "--name",
+        node,
+        "--hostname",
+        node,
+        "--network",
+        "host",
+        "--systemd",
+        "always",
+        "--label",
+        f"{LABEL}={name}",
+        "-v",
+        f"{ndir / '10-lab.conf'}:/etc/ssh/sshd_config.d/10-lab.conf:ro",
+        "-v",
+        f"{lab_dir(name) / 'authorized_keys'}:/etc/ssh/lab_authorized_keys:ro",
+        ref,
+        "/sbin/init",
+    )
+
+
+def node_exec(node: str, cmd: str | list[str], check: bool = True, input: str | None = None, timeout=None):
+    """Run a command in a node through podman exec (shell string or argv)."""
+    argv = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+    return podman(
+        "exec", *(["-i"] if input is not None else []), node, *argv, check=check, input=input, timeout=timeout
+    )
+
+
+def wait_booted(node: str, ssh_port: int, key: Path, timeout: float = BOOT_TIMEOUT) -> str:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        res = node_exec(node, ["systemctl", "is-system-running"], check=False)
+        state = res.stdout.strip()
+        if state in ("running", "degraded"):
+            break
+        time.sleep(0.3)
+    else:
+        raise RuntimeError(f"{node}: systemd did not finish booting in {timeout:.0f}s (state {state!r})")
+    while not port_open(ssh_port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{node}: sshd is not listening on 127.0.0.1:{ssh_port}")
+        time.sleep(0.2)
+    ssh = [
+        "ssh",
+        "-q",
+        "-i",
+        str(key),
+        "-p",
+        str(ssh_port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "ConnectTimeout=5",
+        "root@127.0.0.1",
+        "true",
+    ]
+    while run(ssh, check=False, capture=True).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{node}: ssh root@127.0.0.1:{ssh_port} does not accept the lab key")
+        time.sleep(0.3)
+    return state
+
+
+def seed(node: str, serving_port: int, urls: dict[str, str]) -> dict:
+    res = node_exec(
+        node,
+        [
+            "python3",
+            "-",
+            "--redist-url",
+            urls["redist"],
+            "--index-url",
+            urls["lab-main"],
+            "--serving-port",
+            str(serving_port),
+        ],
+        input=SEED_SCRIPT.read_text(),
+        check=False,
+        timeout=600,
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"{node}: seeding the old stack failed (rc={res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def up(n: int, name: str = "lab", ports: dict[str, int] | None = None, do_seed: bool = True) -> dict:
+    t0 = time.monotonic()
+    ports = ports or mirror_ports()
+    urls = mirror_urls(ports)
+    ref = image.build_image()
+    if do_seed:
+        mirrors.start(ports)
+    key = ensure_key(name)
+    (lab_dir(name) / "controller").mkdir(parents=True, exist_ok=True)
+    state = load_state(name)
+    taken = {p for nd in state["nodes"].values() for p in (nd["ssh_port"], nd["serving_port"])}
+    taken |= set(ports.values())
+    wanted = node_names(name, n)
+    fresh = []
+    for node in wanted:
+        nd = state["nodes"].get(node)
+        if nd and container_state(node) == "running":
+            continue
+        if container_state(node) is not None:
+            podman("rm", "-f", "-t", "1", node)
+        ssh_port = free_port(taken)
+        taken.add(ssh_port)
+        serving_port = free_port(taken)
+        taken.add(serving_port)
+        state["nodes"][node] = {"ssh_port": ssh_port, "serving_port": serving_port, "seeded": False}
+        _create(node, name, ssh_port, ref)
+        fresh.append(node)
+    # Extra nodes from an earlier, bigger `up` stay out of this inventory but keep running.
+    state["nodes"] = {k: v for k, v in state["nodes"].items() if k in wanted or container_state(k) == "running"}
+    t_created = time.monotonic()
+
+    def _ready(node: str) -> None:
+        nd = state["nodes"][node]
+        nd["boot_state"] = wait_booted(node, nd["ssh_port"], key)
+        if do_seed and not nd.get("seeded"):
+            nd["seed"] = seed(node, nd["serving_port"], urls)
+            nd["seeded"] = True
+
+    with ThreadPoolExecutor(max_workers=max(1, len(wanted))) as pool:
+        list(pool.map(_ready, wanted))
+    state.update({"name": name, "mirror_ports": ports, "image": ref})
+    write_atomic(lab_dir(name) / "nodes.json", json.dumps(state, indent=2) + "\n")
+    inv = write_inventory(name, wanted, state, key, urls)
+    timing = {"create_s": round(t_created - t0, 1), "total_s": round(time.monotonic() - t0, 1)}
+    log(f"lab {name}: {len(wanted)} nodes up ({len(fresh)} new) in {timing['total_s']}s; inventory {inv}")
+    return {"name": name, "nodes": wanted, "inventory": str(inv), "timing": timing}
+
+
+def inventory_data(name: str, nodes: list[str], state: dict, key: Path, urls: dict[str, str]) -> dict:
+    hosts = {
+        node: {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": state["nodes"][node]["ssh_port"],
+            "gpufleet_serving_port": state["nodes"][node]["serving_port"],
+            "gpufleet_lab_container": node,
+        }
+        for node in nodes
+    }
+    return {
+        "all": {
+            "children": {
+                "gpufleet_lab": {
+                    "hosts": hosts,
+                    "vars": {
+                        "ansible_user": "root",
+                        "ansible_ssh_private_key_file": str(key),
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                        "gpufleet_stack_profile": "lab",
+                        "gpufleet_gpu_required": False,
+                        "gpufleet_controller_dir": str(lab_dir(name) / "controller"),
+                        "gpufleet_index_urls": {"lab-main": urls["lab-main"], "lab-stale": urls["lab-stale"]},
+                        "gpufleet_redist_url": urls["redist"],
+                        "gpufleet_lab_name": name,
+                    },
+                }
+            }
+        }
+    }
+
+
+def write_inventory(name: str, nodes: list[str], state: dict, key: Path, urls: dict[str, str]) -> Path:
+    data = inventory_data(name, nodes, state, key, urls)
+    text = "---\n# Generated by `python -m lab up`; do not edit (rewritten on every up).\n" + yaml.safe_dump(
+        data, sort_keys=False
+    )
+    path = lab_dir(name) / "inventory.yml"
+    write_atomic(path, text)
+    if name == "lab":
+        write_atomic(DEFAULT_INVENTORY, text)
+    return path
+
+
+def list_nodes(name: str | None = None) -> list[dict]:
+    flt = f"label={LABEL}={name}" if name else f"label={LABEL}"
+    res = podman("ps", "-a", "--filter", flt, "--format", "json")
+    rows = json.loads(res.stdout or "[]")
+    return [{"name": r["Names"][0], "state": r.get("State"), "lab": r.get("Labels", {}).get(LABEL)} for r in rows]
+
+
+def down(name: str = "lab") -> list[str]:
+    gone = [r["name"] for r in list_nodes(name)]
+    if gone:
+        podman("rm", "-f", "-t", "1", *gone)
+    for path in (lab_dir(name) / "nodes.json", lab_dir(name) / "inventory.yml"):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(lab_dir(name) / "nodes", ignore_errors=True)
+    if name == "lab":
+        DEFAULT_INVENTORY.unlink(missing_ok=True)
+    log(f"lab {name}: removed {len(gone)} nodes")
+    return gone
+
+
+def status(name: str | None = None) -> dict:
+    out = {"nodes": []}
+    for row in list_nodes(name):
+        st = load_state(row["lab"]).get("nodes", {}).get(row["name"], {})
+        out["nodes"].append(
+            {**row, "ssh_port": st.get("ssh_port"), "serving_port": st.get("serving_port"), "seeded": st.get("seeded")}
+        )
+    return out
