@@ -1,0 +1,314 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Backups of a serving host before an upgrade: pure logic, no Ansible.
+
+A backup is a folder ``<backups>/<id>/`` holding ``manifest.json`` (what the host looked like),
+``manifest.json.sha256``, ``venv.lock`` (the venv's exact package list), copies of the serving unit and
+environment files under ``files/``, baseline results under ``results/`` and, optionally,
+``venv.tar.gz``. Every file's sha256 is in the manifest. A backup is built under ``.partial-<id>`` and
+renamed into place when complete, so a killed run never leaves a half backup under a real id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+
+try:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    HAS_PACKAGING = True
+except ImportError:  # lab and fleet hosts need not have it; the controller-side verify does
+    HAS_PACKAGING = False
+
+MANIFEST = "manifest.json"
+MANIFEST_SUM = "manifest.json.sha256"
+LOCK = "venv.lock"
+ARCHIVE = "venv.tar.gz"
+PARTIAL_PREFIX = ".partial-"
+FORMAT_VERSION = 1
+ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+
+
+class BackupError(Exception):
+    """A backup that cannot be used: missing, corrupt, or not this host's."""
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_text(text) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical(doc) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------- ids, listing
+
+
+def new_backup_id(now_compact, digest) -> str:
+    """``20261202T130501Z-1a2b3c4d``: sorts by time, and tells two snapshots apart by content."""
+    return f"{now_compact}-{digest[:8]}"
+
+
+def list_backups(backups_dir):
+    """Complete backups, oldest first (ids sort by time)."""
+    try:
+        names = os.listdir(backups_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if ID_RE.match(n) and os.path.isdir(os.path.join(backups_dir, n)))
+
+
+def list_partials(backups_dir):
+    try:
+        names = os.listdir(backups_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith(PARTIAL_PREFIX))
+
+
+def plan_prune(ids, keep, protect=()):
+    """Ids to remove so that the newest ``keep`` remain; protected ids are never removed."""
+    if keep < 1:
+        raise BackupError(f"retention keep={keep} would delete every backup; fix: set backup_keep >= 1")
+    doomed = list(ids)[:-keep] if len(ids) > keep else []
+    return [i for i in doomed if i not in set(protect)]
+
+
+# --------------------------------------------------------------------------- venv lock
+
+
+def freeze_lines(text):
+    """Keep the requirement lines of a ``pip freeze`` / ``uv pip freeze`` output, sorted and de-duplicated."""
+    lines = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        lines.add(line)
+    return sorted(lines, key=str.lower)
+
+
+def parse_lock(text):
+    """Parse a lock with ``packaging``: one pinned requirement per line (``name==version``, hashes allowed).
+
+    Returns ``[{name, version, line}]``; raises BackupError naming the first bad line.
+    """
+    if not HAS_PACKAGING:
+        raise BackupError("the Python package 'packaging' is needed to parse a venv lock")
+    packages = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip().rstrip("\\").strip()
+        if not line or line.startswith("--hash"):
+            continue
+        requirement_text = line.split(" --hash", 1)[0].strip()
+        try:
+            requirement = Requirement(requirement_text)
+        except InvalidRequirement as exc:
+            raise BackupError(f"venv lock line {number} {raw!r} does not parse: {exc}") from exc
+        pins = [spec for spec in requirement.specifier if spec.operator in ("==", "===")]
+        if requirement.url is None and len(pins) != 1:
+            raise BackupError(f"venv lock line {number} {raw!r} is not pinned to one version")
+        packages.append(
+            {
+                "name": requirement.name,
+                "version": pins[0].version if pins else None,
+                "url": requirement.url,
+                "line": requirement_text,
+            }
+        )
+    if not packages:
+        raise BackupError("venv lock lists no package")
+    return packages
+
+
+def lock_differences(expected, installed):
+    """Compare two parsed locks by name and version (names normalised by PEP 503)."""
+
+    def index(packages):
+        return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in packages}
+
+    want, have = index(expected), index(installed)
+    problems = []
+    for name in sorted(set(want) | set(have)):
+        if want.get(name) != have.get(name):
+            problems.append(f"{name}: expected {want.get(name) or 'absent'}, found {have.get(name) or 'absent'}")
+    return problems
+
+
+# --------------------------------------------------------------------------- snapshot and manifest
+
+
+def file_record(path):
+    """What a restore needs to know about one file; absent files are recorded too (so a restore removes them)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return {"path": path, "state": "absent"}
+    if os.path.islink(path):
+        return {"path": path, "state": "link", "target": os.readlink(path)}
+    return {
+        "path": path,
+        "state": "file",
+        "mode": "%04o" % (st.st_mode & 0o7777),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "sha256": sha256_file(path),
+        "size": st.st_size,
+        "backup": "files" + path,
+    }
+
+
+def snapshot_digest(snapshot) -> str:
+    """Digest of what the host looks like, excluding times and ids: equal digests mean an equal host."""
+    return sha256_text(canonical(snapshot))
+
+
+def build_manifest(backup_id, created, host, profile, run_id, snapshot, checksums, archive=None):
+    """``snapshot`` is what the host looked like; ``checksums`` covers every file of the backup folder."""
+    return {
+        "format": FORMAT_VERSION,
+        "id": backup_id,
+        "created": created,
+        "host": host,
+        "profile": profile,
+        "run_id": run_id,
+        "digest": snapshot_digest(snapshot),
+        "snapshot": snapshot,
+        "checksums": checksums,
+        "archive": archive,
+    }
+
+
+def checksum_tree(root, skip=(MANIFEST, MANIFEST_SUM)):
+    """sha256 of every regular file under ``root``, keyed by its relative path."""
+    sums = {}
+    for folder, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(folder, name)
+            rel = os.path.relpath(full, root)
+            if rel in skip or os.path.islink(full):
+                continue
+            sums[rel] = sha256_file(full)
+    return sums
+
+
+def write_manifest(folder, manifest):
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    with open(os.path.join(folder, MANIFEST_SUM), "w", encoding="utf-8") as handle:
+        handle.write(f"{sha256_text(text)}  {MANIFEST}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def archive_venv(venv, dest):
+    """A gzip tar of the venv with paths relative to its parent, so it unpacks beside its siblings."""
+    with tarfile.open(dest, "w:gz", compresslevel=1) as tar:
+        tar.add(venv, arcname=os.path.basename(venv.rstrip("/")))
+    with tarfile.open(dest, "r:gz") as tar:
+        return len(tar.getmembers())
+
+
+# --------------------------------------------------------------------------- read and verify
+
+
+def load_manifest(folder):
+    """Parse ``manifest.json`` after checking it against its sha256 file; BackupError on any defect."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError as exc:
+        raise BackupError(f"{path} is missing") from exc
+    try:
+        with open(os.path.join(folder, MANIFEST_SUM), encoding="utf-8") as handle:
+            recorded = handle.read().split()[0]
+    except (FileNotFoundError, IndexError) as exc:
+        raise BackupError(f"{path}.sha256 is missing or empty") from exc
+    if sha256_text(text) != recorded:
+        raise BackupError(
+            f"{path} does not match its sha256 (recorded {recorded[:12]}..., read {sha256_text(text)[:12]}...)"
+        )
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise BackupError(f"{path} is not valid JSON ({exc})") from exc
+    for key in ("format", "id", "host", "profile", "snapshot", "checksums"):
+        if key not in manifest:
+            raise BackupError(f"{path} lacks the field {key!r}")
+    if manifest["id"] != os.path.basename(os.path.normpath(folder)):
+        raise BackupError(f"{path} names backup {manifest['id']!r} but lies in {os.path.basename(folder)!r}")
+    return manifest
+
+
+def verify_backup(folder, manifest, check_lock=True):
+    """Prove the backup can restore: every file's checksum re-read, the lock parses, the archive lists."""
+    problems = []
+    actual = checksum_tree(folder)
+    recorded = manifest.get("checksums", {})
+    for rel in sorted(set(recorded) | set(actual)):
+        if rel not in actual:
+            problems.append(f"{rel} is missing")
+        elif rel not in recorded:
+            problems.append(f"{rel} is not in the manifest")
+        elif actual[rel] != recorded[rel]:
+            problems.append(f"{rel} sha256 {actual[rel][:12]}... differs from the manifest's {recorded[rel][:12]}...")
+    venv = manifest["snapshot"].get("venv") or {}
+    if venv.get("path") and check_lock:
+        try:
+            with open(os.path.join(folder, LOCK), encoding="utf-8") as handle:
+                packages = parse_lock(handle.read())
+            if len(packages) != venv.get("package_count"):
+                problems.append(f"{LOCK} lists {len(packages)} packages, the manifest {venv.get('package_count')}")
+        except (OSError, BackupError) as exc:
+            problems.append(str(exc))
+    archive = manifest.get("archive") or {}
+    if archive:
+        try:
+            with tarfile.open(os.path.join(folder, ARCHIVE), "r:gz") as tar:
+                count = len(tar.getmembers())
+            if count != archive.get("members"):
+                problems.append(f"{ARCHIVE} lists {count} members, the manifest {archive.get('members')}")
+        except (OSError, tarfile.TarError) as exc:
+            problems.append(f"{ARCHIVE} does not list: {exc}")
+    return problems
+
+
+def identity_problems(manifest, host, profile=None):
+    """A manifest of another host, or of another profile, must never be restored here."""
+    problems = []
+    if manifest.get("host", {}).get("name") != host:
+        problems.append(
+            f"backup {manifest.get('id')} belongs to host {manifest.get('host', {}).get('name')!r}, not {host!r}"
+        )
+    if profile is not None and manifest.get("profile") != profile:
+        problems.append(
+            f"backup {manifest.get('id')} was taken for profile {manifest.get('profile')!r}, not {profile!r}"
+        )
+    return problems
+
+
+def remove_tree(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)

@@ -1,0 +1,256 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Per-host upgrade lock and state file: pure logic, no Ansible.
+
+The lock (``upgrade.lock``) says which run owns a host; the state file (``state.json``) says how far
+that run got. Both are small JSON documents written atomically (temp file + fsync + rename).
+
+Recovery rule for a run that was interrupted (its ``state.json`` still says ``in_progress``):
+
+* it had not completed a backup -> nothing had changed yet: start anew (partial backups are discarded);
+* it had completed a backup -> roll the host back to that backup first, then upgrade anew;
+* its rollback had failed -> refuse: an operator has to look (``playbooks/rollback.yml``).
+
+Rolling back an unchanged host is cheap (links and files compare equal, no restart), so the rule never
+has to guess whether the interrupted phase had already touched the serving path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+PHASES = ("preflight", "backup", "cuda_toolkit", "venv_rebuild", "postcheck")
+RESULTS = ("in_progress", "upgraded", "rolled_back", "rollback_failed", "failed_preflight", "failed")
+STATE_VERSION = 1
+
+
+class StateError(Exception):
+    """A lock or state file that cannot be used as it is."""
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_json(path):
+    """Return the parsed document, None when the file is absent; StateError when it is not JSON."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise StateError(f"{path} is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise StateError(f"{path} holds a {type(doc).__name__}, expected a JSON object")
+    return doc
+
+
+def dumps(doc) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def write_json_atomic(path, doc, mode=0o644):
+    """Write a JSON document so that readers see the old or the new file, never half of one."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(dumps(doc))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def create_exclusive(path, doc, mode=0o644) -> bool:
+    """Create ``path`` holding ``doc`` only if it does not exist yet; False when another writer won."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(dumps(doc))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(tmp, mode)
+    try:
+        # link() fails when the target exists: an atomic test-and-set on every POSIX filesystem.
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(folder)
+    return True
+
+
+def _fsync_dir(folder):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- lock
+
+LOCK_KEYS = ("run_id", "pid", "controller", "started")
+
+
+def new_lock(run_id, pid, pid_start, controller, started):
+    return {
+        "run_id": str(run_id),
+        "pid": int(pid),
+        "pid_start": None if pid_start is None else str(pid_start),
+        "controller": str(controller),
+        "started": str(started),
+    }
+
+
+def check_lock(doc):
+    """Raise StateError when a parsed lock lacks what a holder check needs."""
+    missing = [key for key in LOCK_KEYS if key not in doc]
+    if missing:
+        raise StateError(f"lock lacks {', '.join(missing)}")
+    try:
+        int(doc["pid"])
+    except (TypeError, ValueError) as exc:
+        raise StateError(f"lock pid {doc['pid']!r} is not a number") from exc
+    return doc
+
+
+def describe_lock(doc) -> str:
+    return "run {} (pid {} on {}, started {})".format(
+        doc.get("run_id"),
+        doc.get("pid"),
+        doc.get("controller"),
+        doc.get("started"),
+    )
+
+
+def judge_lock(lock, run_id, controller, holder_alive=None, break_run_id=None, takeover_dead=True):
+    """Decide what a run may do with a host's lock.
+
+    ``holder_alive(pid, pid_start)`` answers for processes of *this* controller; a holder on another
+    controller cannot be checked from here and counts as alive.
+    Returns ``(verdict, message)``; verdicts: free, ours, takeover, held.
+    """
+    if lock is None:
+        return "free", "no lock"
+    if lock.get("run_id") == run_id:
+        return "ours", "lock already held by this run"
+    who = describe_lock(lock)
+    if break_run_id and lock.get("run_id") == break_run_id:
+        return "takeover", f"lock of {who} broken on request (gpufleet_lock_break={break_run_id})"
+    same_controller = lock.get("controller") == controller
+    if same_controller and holder_alive is not None:
+        if not holder_alive(int(lock["pid"]), lock.get("pid_start")):
+            if takeover_dead:
+                return "takeover", f"stale lock of dead {who} taken over"
+            return "held", (f"stale lock: {who} is dead; fix: re-run with -e gpufleet_lock_break={lock.get('run_id')}")
+        return "held", f"locked by running {who}; fix: wait for that run to finish"
+    return "held", (
+        f"locked by {who}, which cannot be checked from controller {controller}; fix: if that run is dead, "
+        f"re-run with -e gpufleet_lock_break={lock.get('run_id')}"
+    )
+
+
+def process_start(pid, proc="/proc"):
+    """Start time of a process (clock ticks since boot, /proc/<pid>/stat field 22); None if gone."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
+    rest = stat.rsplit(")", 1)[-1].split()
+    return rest[19] if len(rest) > 19 else None
+
+
+def process_alive(pid, pid_start, proc="/proc") -> bool:
+    """True when ``pid`` runs and is the same process that took the lock (not a reused pid)."""
+    current = process_start(pid, proc)
+    if current is None:
+        return False
+    return pid_start is None or str(pid_start) == current
+
+
+# --------------------------------------------------------------------------- state
+
+
+def check_state(doc):
+    if doc.get("result") not in RESULTS:
+        raise StateError(f"state result {doc.get('result')!r} is not one of {', '.join(RESULTS)}")
+    if doc.get("phase") is not None and doc.get("phase") not in PHASES:
+        raise StateError(f"state phase {doc.get('phase')!r} is not one of {', '.join(PHASES)}")
+    return doc
+
+
+def update_state(previous, run_id, now, **changes):
+    """Return the state after ``changes``; a new run starts from a clean record but keeps the last result."""
+    previous = dict(previous or {})
+    if previous.get("run_id") != run_id:
+        state = {"version": STATE_VERSION, "run_id": run_id, "started": now, "history": []}
+        if previous:
+            state["last_run"] = {key: previous.get(key) for key in ("run_id", "result", "phase", "backup_id", "reason")}
+            if previous.get("result") == "in_progress" and previous.get("backup_id"):
+                # Until this run has its own backup, the interrupted run's backup is the host's known-good
+                # state: a run killed before it got that far must still be rolled back to it.
+                state["backup_id"] = previous["backup_id"]
+    else:
+        state = previous
+        state["history"] = list(previous.get("history", []))
+    for key, value in changes.items():
+        if value is not None:
+            state[key] = value
+    state.setdefault("result", "in_progress")
+    event = {key: changes[key] for key in ("phase", "status", "result", "reason") if changes.get(key) is not None}
+    if event and (not state["history"] or {k: v for k, v in state["history"][-1].items() if k != "at"} != event):
+        state["history"] = state["history"] + [dict(event, at=now)]
+    state["updated"] = now
+    return check_state(state)
+
+
+def same_state(a, b) -> bool:
+    """Equal apart from timestamps: a repeated write of the same facts is no change."""
+
+    def strip(doc):
+        doc = dict(doc or {})
+        doc.pop("updated", None)
+        doc["history"] = [{k: v for k, v in ev.items() if k != "at"} for ev in doc.get("history", [])]
+        return doc
+
+    return strip(a) == strip(b)
+
+
+def decide_recovery(state, run_id):
+    """What this run must do first, given the state file left by the last run (see module docstring)."""
+    if not state or state.get("run_id") == run_id:
+        return {"action": "none", "reason": "no interrupted run"}
+    result = state.get("result")
+    previous = state.get("run_id")
+    if result == "rollback_failed":
+        return {
+            "action": "refuse",
+            "backup_id": state.get("backup_id"),
+            "reason": (
+                f"the rollback of run {previous} failed ({state.get('reason', 'no reason recorded')}); fix: inspect "
+                f"the host, then run playbooks/rollback.yml -l <host> -e rollback_backup_id={state.get('backup_id')}"
+            ),
+        }
+    if result != "in_progress":
+        return {"action": "none", "reason": f"last run {previous} ended: {result}"}
+    where = f"run {previous} was interrupted at phase {state.get('phase')} ({state.get('status', 'started')})"
+    if not state.get("backup_id"):
+        return {"action": "restart", "reason": f"{where} before its backup completed: nothing had changed"}
+    return {"action": "rollback", "backup_id": state["backup_id"], "reason": f"{where}: rolling back first"}

@@ -1,0 +1,173 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: backup_info
+short_description: Read and verify a gpufleet backup
+version_added: 0.1.0
+description:
+  - Loads C(manifest.json) of one backup (the newest by default), checks it against its sha256 file, re-reads the
+    sha256 of every file of the backup, parses the venv lock and lists the venv archive.
+  - Refuses a manifest of another host or, when O(profile) is given, of another profile.
+  - A host without any backup is reported with RV(found=false), not as a failure, so that callers can say
+    "never upgraded".
+  - Also runs on the controller against a fetched copy (C(delegate_to) localhost), where the lock is parsed with
+    C(packaging).
+author: gpufleet maintainers
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Changes nothing.
+options:
+  state_dir:
+    description: State folder holding C(backups/), or a controller folder of fetched backups.
+    type: path
+    required: true
+  backup_id:
+    description: Backup to read; the newest when omitted.
+    type: str
+  host:
+    description: The host the backup must belong to.
+    type: str
+    required: true
+  profile:
+    description: The profile the backup must have been taken for; not checked when omitted.
+    type: str
+  verify:
+    description: Re-read checksums, parse the lock and list the archive.
+    type: bool
+    default: true
+  require_lock_check:
+    description: Fail when the lock cannot be parsed here because C(packaging) is missing (set on the controller).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Load the newest backup of this host
+  gpufleet.upgrade.backup_info:
+    state_dir: /var/lib/gpufleet
+    host: "{{ inventory_hostname }}"
+    profile: "{{ gpufleet_stack.name }}"
+  register: __rollback_backup
+"""
+
+RETURN = r"""
+found:
+  description: False when the host has no backup at all.
+  returned: always
+  type: bool
+backup_id:
+  description: Id of the backup read.
+  returned: when found
+  type: str
+path:
+  description: Folder of the backup.
+  returned: when found
+  type: str
+manifest:
+  description: The verified manifest.
+  returned: when found
+  type: dict
+backups:
+  description: Ids of every complete backup, oldest first.
+  returned: always
+  type: list
+  elements: str
+lock_checked:
+  description: Whether the venv lock was parsed (needs C(packaging) where the module runs).
+  returned: when found
+  type: bool
+msg:
+  description: What was found.
+  returned: always
+  type: str
+"""
+
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk  # noqa: E402
+
+
+def run(module):
+    p = module.params
+    host = p["host"]
+    backups_dir = os.path.join(p["state_dir"], "backups")
+    ids = bk.list_backups(backups_dir)
+    wanted = p["backup_id"]
+    if not wanted:
+        if not ids:
+            return {
+                "changed": False,
+                "found": False,
+                "backups": [],
+                "msg": f"{host}: no backup under {backups_dir}: this host was never upgraded by gpufleet",
+            }
+        wanted = ids[-1]
+    folder = os.path.join(backups_dir, wanted)
+    if not os.path.isdir(folder):
+        module.fail_json(
+            msg=f"{host}: backup {wanted!r} does not exist under {backups_dir} (present: {', '.join(ids) or 'none'}); "
+            "fix: pass one of the present ids, or none for the newest",
+            backups=ids,
+        )
+    try:
+        manifest = bk.load_manifest(folder)
+    except bk.BackupError as exc:
+        module.fail_json(
+            msg=f"{host}: backup {wanted} is unusable: {exc}; nothing was changed; fix: pick another backup "
+            f"(present: {', '.join(ids)}) or restore {folder} from the controller copy",
+            backups=ids,
+        )
+    refused = bk.identity_problems(manifest, host, p["profile"])
+    if refused:
+        module.fail_json(msg=f"{host}: refused: {'; '.join(refused)}; nothing was changed", backups=ids)
+    check_lock = bk.HAS_PACKAGING
+    if p["require_lock_check"] and not check_lock:
+        module.fail_json(msg=f"{host}: the Python package 'packaging' is missing where backup_info runs")
+    if p["verify"]:
+        problems = bk.verify_backup(folder, manifest, check_lock=check_lock)
+        if problems:
+            module.fail_json(
+                msg=f"{host}: backup {wanted} does not verify: {'; '.join(problems)}; nothing was changed",
+                backups=ids,
+            )
+    return {
+        "changed": False,
+        "found": True,
+        "backup_id": wanted,
+        "path": folder,
+        "manifest": manifest,
+        "backups": ids,
+        "lock_checked": bool(p["verify"] and check_lock),
+        "msg": f"{host}: backup {wanted} verified" if p["verify"] else f"{host}: backup {wanted} loaded",
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "state_dir": {"type": "path", "required": True},
+            "backup_id": {"type": "str"},
+            "host": {"type": "str", "required": True},
+            "profile": {"type": "str"},
+            "verify": {"type": "bool", "default": True},
+            "require_lock_check": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    module.exit_json(**run(module))
+
+
+if __name__ == "__main__":
+    main()

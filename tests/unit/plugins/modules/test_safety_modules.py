@@ -1,0 +1,227 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Modules of the safety net (backup_manifest, backup_info, upgrade_state, upgrade_lock) on a fake host tree."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpufleet.upgrade.plugins.modules import (
+    backup_info,
+    backup_manifest,
+    upgrade_lock,
+    upgrade_state,
+)
+
+
+class Exit(Exception):
+    pass
+
+
+class Fail(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def raising(monkeypatch):
+    def exit_json(self, **kwargs):
+        raise Exit(kwargs)
+
+    def fail_json(self, **kwargs):
+        raise Fail(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+def call(module, args, check=False, diff=False):
+    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
+    with patch_module_args(args), pytest.raises((Exit, Fail)) as info:
+        module.main()
+    return info.type is Exit, info.value.args[0]
+
+
+@pytest.fixture
+def host(tmp_path):
+    """An old-state host: venv behind a current link, a 12.8 toolkit behind /usr/local/cuda, unit + env files."""
+    venv = tmp_path / "serving" / "venvs" / "lab-cu128-seed"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\nprintf 'lab-torch==2.9.1+cu128\\nlab-sglang==0.5.3\\n'\n")
+    python.chmod(0o755)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.11.2\n")
+    (tmp_path / "serving" / "current").symlink_to("venvs/lab-cu128-seed")
+    cuda = tmp_path / "local"
+    (cuda / "cuda-12.8" / "bin").mkdir(parents=True)
+    (cuda / "cuda-12.8" / "bin" / "nvcc").write_text("nvcc")
+    (cuda / "cuda-12.8" / "version.json").write_text(json.dumps({"cuda": {"version": "12.8.1"}}))
+    (cuda / "cuda").symlink_to(str(cuda / "cuda-12.8"))
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "gpufleet-serving.service").write_text("[Service]\nExecStart=/x\n")
+    (etc / "gpufleet-serving.env").write_text("CUDA_HOME=/usr/local/cuda-12.8\n")
+    results = tmp_path / "state" / "results"
+    results.mkdir(parents=True)
+    (results / "bench.json").write_text('{"tok_s": 54.1}')
+    return tmp_path
+
+
+def backup_args(root, **extra):
+    args = {
+        "state_dir": str(root / "state"),
+        "host": "node1",
+        "profile": "lab",
+        "run_id": "r1",
+        "venv_link": str(root / "serving" / "current"),
+        "cuda_root": str(root / "local"),
+        "cuda_link": str(root / "local" / "cuda"),
+        "alternatives_name": "",
+        "files": [
+            str(root / "etc" / "gpufleet-serving.service"),
+            str(root / "etc" / "gpufleet-serving.env"),
+            str(root / "etc" / "dropin.conf"),
+        ],
+        "results_dir": str(root / "state" / "results"),
+    }
+    args.update(extra)
+    return args
+
+
+class TestBackupManifest:
+    def test_check_mode_writes_nothing(self, host):
+        ok, res = call(backup_manifest, backup_args(host), check=True)
+        assert ok and res["changed"] and not res["reused"]
+        assert not (host / "state" / "backups").exists()
+
+    def test_backup_records_everything_and_verifies(self, host):
+        ok, res = call(backup_manifest, backup_args(host, archive=True))
+        assert ok and res["changed"], res
+        folder = host / "state" / "backups" / res["backup_id"]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        snap = manifest["snapshot"]
+        assert snap["venv"]["path"] == str(host / "serving" / "venvs" / "lab-cu128-seed")
+        assert snap["venv"]["python"] == "3.11.2" and snap["venv"]["package_count"] == 2
+        assert (folder / "venv.lock").read_text() == "lab-sglang==0.5.3\nlab-torch==2.9.1+cu128\n"
+        assert snap["cuda"]["target"] == str(host / "local" / "cuda-12.8")
+        assert snap["cuda"]["toolkits"][0]["version"] == "12.8.1"
+        assert [f["state"] for f in snap["files"]] == ["file", "file", "absent"]
+        assert (
+            (folder / "files" / str(host / "etc" / "gpufleet-serving.env").lstrip("/"))
+            .read_text()
+            .startswith("CUDA_HOME")
+        )
+        assert "results/bench.json" in manifest["checksums"] and "venv.tar.gz" in manifest["checksums"]
+        ok, info = call(backup_info, {"state_dir": str(host / "state"), "host": "node1", "profile": "lab"})
+        assert ok and info["found"] and info["backup_id"] == res["backup_id"] and info["lock_checked"]
+
+    def test_unchanged_host_reuses_the_backup(self, host):
+        _, first = call(backup_manifest, backup_args(host))
+        ok, again = call(backup_manifest, backup_args(host))
+        assert ok and not again["changed"] and again["reused"] and again["backup_id"] == first["backup_id"]
+        (host / "etc" / "gpufleet-serving.env").write_text("CUDA_HOME=/usr/local/cuda-13.0\n")
+        _, check = call(backup_manifest, backup_args(host), check=True)
+        assert check["changed"] and check["backup_id"] != first["backup_id"]
+
+    def test_partials_removed_and_retention(self, host):
+        backups = host / "state" / "backups"
+        for i in range(3):
+            (backups / f"2020010{i}T000000Z-0000000{i}").mkdir(parents=True)
+        (backups / ".partial-20200109T000000Z-00000009").mkdir()
+        ok, res = call(backup_manifest, backup_args(host, keep=2, protect=["20200100T000000Z-00000000"]))
+        assert ok
+        assert res["partials_removed"] == [".partial-20200109T000000Z-00000009"]
+        assert res["pruned"] == ["20200101T000000Z-00000001"]
+        assert sorted(os.listdir(backups)) == [
+            "20200100T000000Z-00000000",
+            "20200102T000000Z-00000002",
+            res["backup_id"],
+        ]
+
+    def test_no_venv_yet(self, host):
+        os.unlink(host / "serving" / "current")
+        ok, res = call(backup_manifest, backup_args(host))
+        assert ok and res["manifest"]["snapshot"]["venv"]["path"] is None
+
+    def test_failing_freeze_names_host_and_fix(self, host):
+        (host / "serving" / "venvs" / "lab-cu128-seed" / "bin" / "python").write_text("#!/bin/sh\nexit 3\n")
+        ok, res = call(backup_manifest, backup_args(host))
+        assert not ok and res["msg"].startswith("node1: listing the packages") and "fix:" in res["msg"]
+
+
+class TestBackupInfo:
+    def test_never_upgraded_host(self, host):
+        ok, res = call(backup_info, {"state_dir": str(host / "state"), "host": "node1"})
+        assert ok and res["found"] is False and "never upgraded" in res["msg"]
+
+    def test_refuses_other_host_other_profile_missing_and_corrupt(self, host):
+        _, made = call(backup_manifest, backup_args(host))
+        base = {"state_dir": str(host / "state"), "host": "node1"}
+        ok, res = call(backup_info, dict(base, host="node2"))
+        assert not ok and "refused" in res["msg"] and "node2" in res["msg"]
+        ok, res = call(backup_info, dict(base, profile="cu130"))
+        assert not ok and "profile 'lab'" in res["msg"]
+        ok, res = call(backup_info, dict(base, backup_id="20200101T000000Z-00000000"))
+        assert not ok and "does not exist" in res["msg"] and made["backup_id"] in res["msg"]
+        folder = host / "state" / "backups" / made["backup_id"]
+        (folder / "venv.lock").write_text("lab-torch==9\n")
+        ok, res = call(backup_info, base)
+        assert not ok and "venv.lock sha256" in res["msg"] and "nothing was changed" in res["msg"]
+        (folder / "manifest.json").write_text("{")
+        ok, res = call(backup_info, base)
+        assert not ok and "unusable" in res["msg"]
+
+
+class TestUpgradeState:
+    def test_write_query_and_idempotence(self, tmp_path):
+        path = str(tmp_path / "state.json")
+        args = {"path": path, "run_id": "r1", "phase": "backup", "status": "completed", "backup_id": "b1"}
+        ok, res = call(upgrade_state, args, check=True, diff=True)
+        assert ok and res["changed"] and not os.path.exists(path) and "b1" in res["diff"]["after"]
+        ok, res = call(upgrade_state, args)
+        assert ok and res["changed"] and json.loads(open(path).read())["backup_id"] == "b1"
+        ok, res = call(upgrade_state, args)
+        assert ok and not res["changed"]
+        ok, res = call(upgrade_state, {"path": path, "run_id": "r2", "state": "query"})
+        assert ok and res["recovery"]["action"] == "rollback" and res["recovery"]["backup_id"] == "b1"
+
+    def test_corrupt_state_file_names_the_fix(self, tmp_path):
+        (tmp_path / "state.json").write_text("{oops")
+        ok, res = call(upgrade_state, {"path": str(tmp_path / "state.json"), "run_id": "r1", "state": "query"})
+        assert not ok and "fix:" in res["msg"]
+
+
+class TestUpgradeLock:
+    def holder(self, alive=None, controller="ctl"):
+        return {"pid": 11, "pid_start": "5", "controller": controller, "started": "t", "alive": alive}
+
+    def test_take_keep_release(self, tmp_path):
+        path = str(tmp_path / "upgrade.lock")
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()}, check=True)
+        assert ok and res["changed"] and not os.path.exists(path)
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()})
+        assert ok and res["verdict"] == "free" and json.loads(open(path).read())["run_id"] == "r1"
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()})
+        assert ok and not res["changed"] and res["verdict"] == "ours"
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r2", "state": "absent"})
+        assert ok and not res["changed"] and os.path.exists(path)
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "state": "absent"})
+        assert ok and res["changed"] and not os.path.exists(path)
+
+    def test_live_holder_refused_dead_holder_taken_over(self, tmp_path):
+        path = str(tmp_path / "upgrade.lock")
+        call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()})
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r2", "holder": self.holder(alive=True)})
+        assert not ok and "locked by running run r1" in res["msg"]
+        ok, res = call(upgrade_lock, {"path": path, "run_id": "r2", "holder": self.holder(alive=False)})
+        assert ok and res["verdict"] == "takeover" and json.loads(open(path).read())["run_id"] == "r2"
+
+    def test_unreadable_lock(self, tmp_path):
+        (tmp_path / "upgrade.lock").write_text("garbage")
+        ok, res = call(upgrade_lock, {"path": str(tmp_path / "upgrade.lock"), "run_id": "r2", "holder": self.holder()})
+        assert not ok and "remove the file" in res["msg"]
