@@ -292,7 +292,7 @@ def reject_reason(cand: Candidate, rule: PackageRule, supported: list, target: T
     if cand.yanked:
         return "yanked by the index"
     # An empty spec admits nightlies (devYYYYMMDD); a spec admits pre-releases only if it names one itself.
-    if not rule.spec.contains(cand.version, prereleases=True if not str(rule.spec) else None):
+    if not rule.spec.contains(cand.version, prereleases=admits_prereleases(rule.spec)):
         return f"version {cand.version} does not satisfy {rule.spec or 'any'}"
     if rule.local_tag and (cand.version.local or "") != rule.local_tag:
         return f"local tag {cand.version.local or '(none)'!r} is not the required {rule.local_tag!r}"
@@ -394,6 +394,13 @@ def screen(rule: PackageRule, candidates: list, rules: Rules, target: Target, su
                 eligible.append(cand)
     eligible.sort(key=lambda c: sort_key(c, rule, supported), reverse=True)
     return _State(rule=rule, eligible=eligible, rejected=rejected, sources=sources)
+
+
+def admits_prereleases(spec: SpecifierSet) -> bool:
+    """PEP 440: pre-releases (nightlies) only when the spec names one itself; an empty spec admits all."""
+    if not str(spec):
+        return True
+    return any(Version(s.version.replace(".*", "")).is_prerelease for s in spec if s.operator != "===")
 
 
 def _any_version(rule: PackageRule) -> PackageRule:
