@@ -1,0 +1,496 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Kernel smoke-test worker, run by gpu_smoke_test as a script under the serving venv's Python.
+
+It imports nothing from Ansible or the collection: only the standard library, torch and (optionally) flashinfer,
+all imported inside functions so that the module can import this file to ship it. It measures and reports; the
+module judges (plugins/module_utils/_smoke.py). Output: one JSON object per line on stdout:
+  {"event": "start", "check": NAME}
+  {"event": "result", "check": NAME, "status": "measured"|"info"|"error"|"missing_package", "seconds": ..., ...}
+
+Modes:
+  host                       torch/CUDA facts, arch list, flashinfer versions, peer access, symmetric memory
+  gpu --index I --checks ..  per-GPU kernels against references
+  allreduce --rank R --world-size N --init-file F --backend nccl|gloo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+GPU_CHECKS = (
+    "bf16_matmul",
+    "flashinfer_single_decode",
+    "flashinfer_single_prefill",
+    "flashinfer_batch_decode",
+    "capability_probes",
+)
+HOST_CHECKS = ("torch_env", "flashinfer_versions", "peer_access", "symmetric_memory")
+FLASHINFER_DISTS = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+
+
+class MissingPackage(Exception):
+    def __init__(self, package, detail):
+        super().__init__(f"{package}: {detail}")
+        self.package = package
+        self.detail = detail
+
+
+def emit(obj):
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def need(module_name, package=None):
+    try:
+        return __import__(module_name)
+    except ImportError as exc:
+        raise MissingPackage(package or module_name, str(exc)) from exc
+
+
+def run_checks(names, table, **kwargs):
+    for name in names:
+        emit({"event": "start", "check": name})
+        began = time.perf_counter()
+        try:
+            result = table[name](**kwargs)
+        except MissingPackage as exc:
+            result = {"status": "missing_package", "package": exc.package, "error": exc.detail}
+        except Exception as exc:  # a broken kernel must be reported, not crash the other checks
+            lines = traceback.format_exception_only(type(exc), exc)
+            result = {"status": "error", "error": "".join(lines).strip()[-2000:]}
+        result.setdefault("status", "measured")
+        result.update(event="result", check=name, seconds=round(time.perf_counter() - began, 4))
+        emit(result)
+
+
+# ------------------------------------------------------------------------------------------- comparisons
+
+
+def error_stats(out, ref):
+    """Error of `out` against `ref` (any shapes that broadcast), computed in float64 on the tensors' device."""
+    torch = need("torch")
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(torch.float64)
+    diff = (out64 - ref64).abs()
+    nonfinite = int((~torch.isfinite(out64)).sum().item())
+    ref_norm = float(torch.linalg.vector_norm(ref64).item())
+    out_norm = float(torch.linalg.vector_norm(out64).item())
+    finite_diff = torch.where(torch.isfinite(diff), diff, torch.zeros_like(diff))
+    dot = float((out64 * ref64).nan_to_num().sum().item())
+    return {
+        "max_abs_err": float(finite_diff.max().item()) if diff.numel() else 0.0,
+        "mean_abs_err": float(finite_diff.mean().item()) if diff.numel() else 0.0,
+        "max_abs_ref": float(ref64.abs().max().item()) if ref64.numel() else 0.0,
+        "rel_fro_err": float(torch.linalg.vector_norm(finite_diff).item()) / ref_norm if ref_norm else 0.0,
+        "cosine": dot / (ref_norm * out_norm) if ref_norm and out_norm else 0.0,
+        "nonfinite": nonfinite,
+        "numel": int(diff.numel()),
+    }
+
+
+def reference_attention(q, k, v, causal=False, sm_scale=None):
+    """fp32 attention through torch SDPA. q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD), grouped-query heads."""
+    torch = need("torch")
+    group = q.shape[1] // k.shape[1]
+    qf = q.float().transpose(0, 1).unsqueeze(0)
+    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    if causal and q.shape[0] != k.shape[0]:
+        # flashinfer aligns the causal mask bottom-right: query i sees keys up to kv_len - qo_len + i
+        offset = k.shape[0] - q.shape[0]
+        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device).tril(offset)
+        out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=sm_scale)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=sm_scale)
+    return out.squeeze(0).transpose(0, 1)
+
+
+# -------------------------------------------------------------------------------------------- GPU checks
+
+
+def _device(index, device_kind):
+    torch = need("torch")
+    if device_kind == "cpu":
+        return torch.device("cpu")
+    torch.cuda.set_device(index)
+    return torch.device(f"cuda:{index}")
+
+
+def _sync(device):
+    torch = need("torch")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_bf16_matmul(index, device_kind, matmul_size, **_):
+    torch = need("torch")
+    device = _device(index, device_kind)
+    n = matmul_size
+    gen = torch.Generator(device=device).manual_seed(1234 + index)
+    a = torch.randn(n, n, device=device, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, n, device=device, generator=gen).to(torch.bfloat16)
+    out = a @ b
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be true fp32
+    try:
+        ref = a.float() @ b.float()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    _sync(device)
+    result = {"shape": [n, n, n], "dtype": "bfloat16", **error_stats(out, ref)}
+    iters = 20 if device.type == "cuda" else 2
+    _sync(device)
+    began = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    _sync(device)
+    elapsed = time.perf_counter() - began
+    result["tflops"] = round(2 * n**3 * iters / elapsed / 1e12, 2)
+    return result
+
+
+def _flashinfer():
+    need("torch")
+    return need("flashinfer")
+
+
+def _attention_inputs(device, qo_len, kv_len, heads_q, heads_kv, head_dim, seed):
+    torch = need("torch")
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
+
+    return rnd(qo_len, heads_q, head_dim), rnd(kv_len, heads_kv, head_dim), rnd(kv_len, heads_kv, head_dim)
+
+
+def check_flashinfer_single_decode(index, device_kind, **_):
+    fi = _flashinfer()
+    device = _device(index, device_kind)
+    q, k, v = _attention_inputs(device, 1, 2048, 32, 8, 128, seed=11)
+    out = fi.single_decode_with_kv_cache(q[0], k, v)
+    ref = reference_attention(q, k, v)[0]
+    _sync(device)
+    return {"shape": {"kv_len": 2048, "heads_q": 32, "heads_kv": 8, "head_dim": 128}, **error_stats(out, ref)}
+
+
+def check_flashinfer_single_prefill(index, device_kind, **_):
+    fi = _flashinfer()
+    device = _device(index, device_kind)
+    q, k, v = _attention_inputs(device, 384, 512, 32, 8, 128, seed=12)
+    out = fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+    ref = reference_attention(q, k, v, causal=True)
+    _sync(device)
+    shape = {"qo_len": 384, "kv_len": 512, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "causal": True}
+    return {"shape": shape, **error_stats(out, ref)}
+
+
+def check_flashinfer_batch_decode(index, device_kind, **_):
+    fi = _flashinfer()
+    torch = need("torch")
+    device = _device(index, device_kind)
+    heads_q, heads_kv, head_dim, page = 32, 8, 128, 16
+    kv_lens = [1, 16, 37, 128, 255, 300, 500, 1024]
+    pages = [(n + page - 1) // page for n in kv_lens]
+    gen = torch.Generator(device=device).manual_seed(13)
+    total = sum(pages)
+    cache = torch.randn(total, 2, page, heads_kv, head_dim, device=device, generator=gen).to(torch.bfloat16)
+    q = torch.randn(len(kv_lens), heads_q, head_dim, device=device, generator=gen).to(torch.bfloat16)
+    # pages handed out in reverse so the kernel must follow the page table, not assume contiguity
+    indices = torch.arange(total - 1, -1, -1, dtype=torch.int32, device=device)
+    indptr = torch.tensor([0] + list(_cumsum(pages)), dtype=torch.int32, device=device)
+    last = torch.tensor([n - (p - 1) * page for n, p in zip(kv_lens, pages)], dtype=torch.int32, device=device)
+    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=device)
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        heads_q,
+        heads_kv,
+        head_dim,
+        page,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+    )
+    out = wrapper.run(q, cache)
+    refs = []
+    for i, n in enumerate(kv_lens):
+        ids = indices[indptr[i] : indptr[i + 1]].long()
+        k = cache[ids, 0].reshape(-1, heads_kv, head_dim)[:n]
+        v = cache[ids, 1].reshape(-1, heads_kv, head_dim)[:n]
+        refs.append(reference_attention(q[i : i + 1], k, v)[0])
+    ref = torch.stack(refs)
+    _sync(device)
+    shape = {"kv_lens": kv_lens, "page_size": page, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim}
+    return {"shape": shape, **error_stats(out, ref)}
+
+
+def _cumsum(values):
+    total = 0
+    for value in values:
+        total += value
+        yield total
+
+
+def check_capability_probes(index, device_kind, **_):
+    torch = need("torch")
+    device = _device(index, device_kind)
+    result = {"status": "info"}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        result["sm"] = f"sm_{major}{minor}"
+        result["torch_fp8_scaled_mm"] = _probe_scaled_mm(torch, device)
+    if device.type != "cuda":
+        return result
+    try:
+        fi = _flashinfer()
+    except MissingPackage as exc:
+        result["flashinfer"] = f"not installed ({exc.detail})"
+        return result
+    probes = {}
+    for name in (
+        "is_sm90a_supported",
+        "is_sm100a_supported",
+        "is_sm120a_supported",
+        "is_sm121a_supported",
+        "is_sm12x_supported",
+    ):
+        fn = getattr(fi.utils, name, None)
+        probes[name] = "absent in this flashinfer" if fn is None else _safe(lambda fn=fn: bool(fn(device)))
+    result["flashinfer_probes"] = probes
+    cc = major * 10 + minor
+    backends = {}
+    for op in ("bmm_fp8", "mm_fp8", "mm_fp4", "mm_bf16"):
+        fn = getattr(getattr(fi, "gemm", None), op, None) or getattr(fi, op, None)
+        if fn is None or not hasattr(fn, "is_backend_supported"):
+            backends[op] = "no backend table in this flashinfer"
+            continue
+        backends[op] = [
+            b
+            for b in ("cudnn", "cublas", "cutlass", "trtllm", "cute-dsl", "tgv")
+            if _safe(lambda b=b, fn=fn: fn.is_backend_supported(b, cc)) is True
+        ]
+    result["flashinfer_gemm_backends"] = backends
+    return result
+
+
+def _probe_scaled_mm(torch, device):
+    dtype = getattr(torch, "float8_e4m3fn", None)
+    if dtype is None or not hasattr(torch, "_scaled_mm"):
+        return "absent in this torch"
+
+    def run():
+        a = torch.randn(64, 64, device=device).to(dtype)
+        b = torch.randn(64, 64, device=device).to(dtype).t()
+        one = torch.tensor(1.0, device=device)
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        torch.cuda.synchronize(device)
+        return "runs"
+
+    return _safe(run)
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception as exc:  # a probe reports what it saw; it never fails the worker
+        return f"error: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+GPU_TABLE = {
+    "bf16_matmul": check_bf16_matmul,
+    "flashinfer_single_decode": check_flashinfer_single_decode,
+    "flashinfer_single_prefill": check_flashinfer_single_prefill,
+    "flashinfer_batch_decode": check_flashinfer_batch_decode,
+    "capability_probes": check_capability_probes,
+}
+
+
+# ------------------------------------------------------------------------------------------- host checks
+
+
+def check_torch_env(device_kind, **_):
+    torch = need("torch")
+    result = {
+        "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "cuda_available": bool(torch.cuda.is_available()) if device_kind == "cuda" else False,
+        "arch_list": torch.cuda.get_arch_list() if device_kind == "cuda" else [],
+        "devices": [],
+    }
+    if result["cuda_available"]:
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            uuid = getattr(props, "uuid", None)
+            result["devices"].append(
+                {
+                    "index": i,
+                    "name": props.name,
+                    "uuid": f"GPU-{uuid}" if uuid is not None else None,
+                    "sm": f"sm_{props.major}{props.minor}",
+                    "memory_mib": props.total_memory // 2**20,
+                    "multiprocessors": props.multi_processor_count,
+                }
+            )
+    return result
+
+
+def check_flashinfer_versions(**_):
+    from importlib import metadata
+
+    versions = {}
+    for dist in FLASHINFER_DISTS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    if versions["flashinfer-python"] is None:
+        raise MissingPackage("flashinfer", "flashinfer-python is not installed")
+    parsed = {}
+    try:
+        from packaging.version import Version
+
+        for dist, ver in versions.items():
+            if ver is not None:
+                v = Version(ver)
+                parsed[dist] = {"version": ver, "public": v.public, "local": v.local}
+    except ImportError:
+        parsed = {d: {"version": v, "public": v.split("+")[0], "local": None} for d, v in versions.items() if v}
+    imported = _safe(lambda: need("flashinfer").__version__)
+    return {"versions": versions, "parsed": parsed, "import": imported}
+
+
+def check_peer_access(device_kind, **_):
+    torch = need("torch")
+    if device_kind != "cuda":
+        return {"status": "info", "count": 0, "pairs": {}}
+    count = torch.cuda.device_count()
+    pairs = {}
+    for a in range(count):
+        for b in range(count):
+            if a != b:
+                pairs[f"{a}->{b}"] = bool(torch.cuda.can_device_access_peer(a, b))
+    return {"count": count, "pairs": pairs}
+
+
+def check_symmetric_memory(device_kind, **_):
+    torch = need("torch")
+    result = {"status": "info", "multicast_disabled_by_env": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST")}
+    try:
+        import torch.distributed._symmetric_memory as symm  # noqa: F401
+    except ImportError as exc:
+        result["available"] = False
+        result["detail"] = str(exc)
+        return result
+    result["available"] = True
+    if device_kind == "cuda":
+        # Only a device attribute query: multicast objects are never created here (see KINDS/NVLS note in docs).
+        probe = getattr(getattr(torch._C, "_distributed_c10d", None), "_SymmetricMemory", None)
+        has_mc = getattr(probe, "has_multicast_support", None)
+        result["multicast_support"] = (
+            {
+                i: _safe(lambda i=i: bool(has_mc(torch._C._autograd.DeviceType.CUDA, i)))
+                for i in range(torch.cuda.device_count())
+            }
+            if has_mc
+            else "no probe in this torch"
+        )
+    return result
+
+
+HOST_TABLE = {
+    "torch_env": check_torch_env,
+    "flashinfer_versions": check_flashinfer_versions,
+    "peer_access": check_peer_access,
+    "symmetric_memory": check_symmetric_memory,
+}
+
+
+# ------------------------------------------------------------------------------------------- all-reduce
+
+
+def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters):
+    torch = need("torch")
+    import torch.distributed as dist
+
+    device = _device(rank, device_kind)
+    emit({"event": "start", "check": "nccl_allreduce"})
+    began = time.perf_counter()
+    result = {"rank": rank, "world_size": world_size, "backend": backend}
+    try:
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        numel = size_mb * 2**20 // 4
+        x = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
+        dist.all_reduce(x)
+        _sync(device)
+        expected = world_size * (world_size + 1) / 2
+        result.update(expected=expected, max_abs_err=float((x - expected).abs().max().item()), numel=numel)
+        y = torch.ones(numel, dtype=torch.float32, device=device)
+        dist.all_reduce(y)  # warm-up of the timed path
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(y)
+        _sync(device)
+        per_op = (time.perf_counter() - t0) / iters
+        nbytes = numel * 4
+        result.update(
+            seconds_per_op=per_op,
+            algbw_gbps=nbytes / per_op / 1e9,
+            # bus bandwidth as nccl-tests define it for all-reduce
+            busbw_gbps=nbytes / per_op / 1e9 * (2 * (world_size - 1) / world_size),
+            size_mb=size_mb,
+            status="measured",
+        )
+        dist.destroy_process_group()
+    except Exception as exc:
+        result.update(status="error", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+    result.update(event="result", check="nccl_allreduce", seconds=round(time.perf_counter() - began, 4))
+    emit(result)
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["host", "gpu", "allreduce"])
+    parser.add_argument("--checks", default="")
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--matmul-size", type=int, default=8192)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--init-file", default="")
+    parser.add_argument("--backend", default="nccl")
+    parser.add_argument("--size-mb", type=int, default=256)
+    parser.add_argument("--iters", type=int, default=10)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv if argv is not None else sys.argv[1:])
+    if args.mode == "allreduce":
+        allreduce(args.rank, args.world_size, args.init_file, args.backend, args.size_mb, args.device, args.iters)
+        return 0
+    table = GPU_TABLE if args.mode == "gpu" else HOST_TABLE
+    names = [c for c in args.checks.split(",") if c] or list(table)
+    unknown = [c for c in names if c not in table]
+    if unknown:
+        emit({"event": "fatal", "error": f"unknown checks {unknown}; known: {sorted(table)}"})
+        return 2
+    run_checks(names, table, index=args.index, device_kind=args.device, matmul_size=args.matmul_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

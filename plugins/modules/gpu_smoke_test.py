@@ -1,0 +1,412 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_smoke_test
+short_description: Prove that a venv's torch and flashinfer kernels run correctly on every GPU of the host
+description:
+  - Runs a worker script under the Python of a given venv (the serving venv by default), one process per GPU,
+    all GPUs at once, with a time limit per check. A check that overruns is killed and reported as failed;
+    the checks after it still run.
+  - "Checks: C(torch_cuda_version) (C(torch.version.cuda) equals O(expected_cuda)); C(arch_in_list) (each GPU's
+    C(sm_XY) is in C(torch.cuda.get_arch_list())); C(bf16_matmul) against an fp32 reference; C(flashinfer_single_decode),
+    C(flashinfer_single_prefill) and C(flashinfer_batch_decode) (paged KV cache) against torch SDPA in fp32;
+    C(flashinfer_versions) (flashinfer-python, -cubin and -jit-cache agree); C(capability_probes) (sm90a/sm100a/sm120a/sm12x
+    support, fp8/fp4 GEMM backends, reported not judged); C(peer_access); C(symmetric_memory) (reported);
+    C(nccl_allreduce) across all GPUs (one process per GPU) with the right sum and its bus bandwidth."
+  - "Tolerances: C(bf16_matmul) relative Frobenius error <= O(tolerances.matmul_rel_err) (default 0.01) and cosine >=
+    O(tolerances.min_cosine) (default 0.999); attention checks max abs error <= O(tolerances.attention_atol)
+    (default 0.02, bf16 inputs and outputs against an fp32 reference) and the same cosine."
+  - A check that cannot run because a package is missing fails when the package is in O(required_packages)
+    and is reported skipped with the reason otherwise.
+  - Every environment the module builds keeps NVLink multicast off (C(NCCL_NVLS_ENABLE=0),
+    C(TORCH_SYMM_MEM_DISABLE_MULTICAST=1), C(NVSHMEM_DISABLE_NVLS=1)), whatever O(env) says.
+version_added: 0.1.0
+author: gpufleet maintainers
+requirements:
+  - torch (and flashinfer for its checks) in the venv; nothing beyond the standard library for the module itself
+options:
+  venv:
+    description: Venv whose C(bin/python) runs the checks.
+    type: path
+    default: /opt/gpufleet/serving/current
+  python:
+    description: Python interpreter to run the checks with, instead of O(venv)'s.
+    type: path
+  expected_cuda:
+    description: The CUDA version C(torch.version.cuda) must report (the profile's C(cuda.version)); omitted means reported only.
+    type: str
+  flashinfer_version:
+    description: The flashinfer version the profile pins; omitted means only the three packages must agree.
+    type: str
+  required_packages:
+    description: Packages whose absence fails a check (the profile's C(postcheck.smoke.required_packages)).
+    type: list
+    elements: str
+    default: []
+  timeout_s:
+    description: Time limit of each check, and of the worker's start-up, in seconds.
+    type: int
+    default: 300
+  checks:
+    description: Checks to run; all by default.
+    type: list
+    elements: str
+    choices: [torch_cuda_version, arch_in_list, bf16_matmul, flashinfer_single_decode, flashinfer_single_prefill,
+              flashinfer_batch_decode, flashinfer_versions, capability_probes, peer_access, symmetric_memory,
+              nccl_allreduce]
+  gpus:
+    description: Indices (PCI bus order, as NVML) of the GPUs to test; all by default. The all-reduce always spans all.
+    type: list
+    elements: int
+  tolerances:
+    description: Tolerances of the comparisons.
+    type: dict
+    default: {}
+    suboptions:
+      matmul_rel_err:
+        description: Largest relative Frobenius error of the bf16 product.
+        type: float
+        default: 0.01
+      attention_atol:
+        description: Largest absolute error of an attention output.
+        type: float
+        default: 0.02
+      min_cosine:
+        description: Smallest cosine similarity between a kernel's output and its reference.
+        type: float
+        default: 0.999
+  matmul_size:
+    description: Edge of the square bf16 product (also timed, giving TFLOP/s).
+    type: int
+    default: 8192
+  allreduce_size_mb:
+    description: Size of the all-reduced buffer per GPU in MiB.
+    type: int
+    default: 256
+  env:
+    description: Extra environment of the worker (for example C(CUDA_HOME) for flashinfer's JIT compiler).
+    type: dict
+    default: {}
+  gpu_required:
+    description: When false and the venv or torch sees no GPU, the result is C(status=skipped) ("skipped, no GPU").
+    type: bool
+    default: true
+  device:
+    description:
+      - C(cuda) tests the GPUs. C(cpu) runs the same orchestration on the CPU (bf16 matmul, and the multi-process
+        all-reduce with the gloo backend over O(cpu_ranks) processes) for testing without a GPU; flashinfer checks
+        are skipped there.
+    type: str
+    choices: [cuda, cpu]
+    default: cuda
+  cpu_ranks:
+    description: Number of worker processes standing in for GPUs when O(device=cpu).
+    type: int
+    default: 2
+  fail_on_failure:
+    description: Fail the task when a check fails; false returns the results with C(passed=false) (the postcheck role
+      writes them before it gates).
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: partial
+    description: In check mode the module runs no kernel (they would compete with the serving process) and
+      returns C(status=skipped).
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Run the kernel smoke test in the serving venv against the profile
+  gpufleet.upgrade.gpu_smoke_test:
+    venv: /opt/gpufleet/serving/current
+    expected_cuda: "{{ gpufleet_stack.cuda.version }}"
+    required_packages: "{{ gpufleet_stack.postcheck.smoke.required_packages }}"
+    timeout_s: "{{ gpufleet_stack.postcheck.smoke.timeout_s }}"
+    env:
+      CUDA_HOME: /usr/local/cuda-13.0
+    fail_on_failure: false
+  register: __postcheck_smoke
+
+- name: Exercise the multi-process all-reduce on the CPU (gloo)
+  gpufleet.upgrade.gpu_smoke_test:
+    python: /opt/scratch/bin/python
+    device: cpu
+    cpu_ranks: 2
+    checks: [bf16_matmul, nccl_allreduce]
+"""
+
+RETURN = r"""
+status:
+  description: C(passed), C(failed) or C(skipped).
+  returned: always
+  type: str
+passed:
+  description: Whether no check failed; null when skipped.
+  returned: always
+  type: bool
+skipped_reason:
+  description: Why nothing ran.
+  returned: when status is skipped
+  type: str
+failures:
+  description: One message per failed check, naming the GPU (index and UUID), the check, the numbers seen and the tolerance.
+  returned: always
+  type: list
+  elements: str
+python:
+  description: Interpreter that ran the checks.
+  returned: always
+  type: str
+torch:
+  description: torch version, torch.version.cuda, arch list and the devices torch sees.
+  returned: when torch could be imported
+  type: dict
+host_checks:
+  description: Host-wide checks (torch_cuda_version, flashinfer_versions, peer_access, symmetric_memory), each with
+    C(status) (passed, failed, skipped, info), C(message) and the raw measurements.
+  returned: always
+  type: dict
+gpus:
+  description: Per GPU C(index), C(uuid), C(name), C(sm), C(wall_s) and C(checks) (name -> status, message, raw
+    measurements with C(seconds)).
+  returned: always
+  type: list
+  elements: dict
+allreduce:
+  description: The all-reduce across all GPUs (world size, expected sum, per-rank results, bus bandwidth).
+  returned: when run
+  type: dict
+wall_s:
+  description: Wall time of the whole smoke test in seconds.
+  returned: always
+  type: float
+env:
+  description: Variables the module set in the workers' environment (multicast off, device order, extras).
+  returned: always
+  type: dict
+"""
+
+import inspect
+import os
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker
+
+ARGUMENT_SPEC = {
+    "venv": {"type": "path", "default": "/opt/gpufleet/serving/current"},
+    "python": {"type": "path"},
+    "expected_cuda": {"type": "str"},
+    "flashinfer_version": {"type": "str"},
+    "required_packages": {"type": "list", "elements": "str", "default": []},
+    "timeout_s": {"type": "int", "default": 300},
+    "checks": {"type": "list", "elements": "str", "choices": list(_smoke.ALL_CHECKS)},
+    "gpus": {"type": "list", "elements": "int"},
+    "tolerances": {
+        "type": "dict",
+        "default": {},
+        "options": {
+            "matmul_rel_err": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["matmul_rel_err"]},
+            "attention_atol": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["attention_atol"]},
+            "min_cosine": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["min_cosine"]},
+        },
+    },
+    "matmul_size": {"type": "int", "default": 8192},
+    "allreduce_size_mb": {"type": "int", "default": 256},
+    "env": {"type": "dict", "default": {}},
+    "gpu_required": {"type": "bool", "default": True},
+    "device": {"type": "str", "choices": ["cuda", "cpu"], "default": "cuda"},
+    "cpu_ranks": {"type": "int", "default": 2},
+    "fail_on_failure": {"type": "bool", "default": True},
+}
+
+
+def build_module():
+    return AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+
+
+def skipped(reason, **extra):
+    return dict(
+        changed=False,
+        status="skipped",
+        passed=None,
+        skipped_reason=reason,
+        failures=[],
+        host_checks={},
+        gpus=[],
+        **extra,
+    )
+
+
+def write_worker(module) -> str:
+    path = os.path.join(module.tmpdir, "gpufleet_smoke_worker.py")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(inspect.getsource(_smoke_worker))
+    return path
+
+
+class SmokeTest:
+    def __init__(self, params, worker, python, env):
+        self.p = params
+        self.python = python
+        self.env = env
+        self.base = [python, worker]
+        self.wanted = set(params["checks"] or _smoke.ALL_CHECKS)
+        self.judge_params = {
+            "required_packages": params["required_packages"],
+            "python": python,
+            "tolerances": params["tolerances"],
+        }
+
+    def worker_argv(self, mode, *extra):
+        return [*self.base, mode, "--device", self.p["device"], *extra]
+
+    def run_host(self):
+        checks = ["torch_env"] + [c for c in _smoke.HOST_CHECKS[1:] if c in self.wanted]
+        return _smoke.run_stream(self.worker_argv("host"), self.env, checks, self.p["timeout_s"])
+
+    def run_gpu(self, device):
+        checks = [c for c in _smoke.GPU_CHECKS if c in self.wanted]
+        if self.p["device"] == "cpu":
+            checks = [c for c in checks if c not in _smoke.FLASHINFER_CHECKS]
+        argv = self.worker_argv("gpu", "--index", str(device["index"]), "--matmul-size", str(self.p["matmul_size"]))
+        began = time.monotonic()
+        raw = _smoke.run_stream(argv, self.env, checks, self.p["timeout_s"]) if checks else {}
+        if self.p["device"] == "cpu":
+            for name in _smoke.FLASHINFER_CHECKS & self.wanted:
+                raw[name] = {"status": "skipped", "reason": "cpu run: flashinfer kernels need a GPU"}
+        return raw, round(time.monotonic() - began, 2)
+
+    def run_allreduce(self, world_size):
+        backend = "gloo" if self.p["device"] == "cpu" else "nccl"
+        argv = self.worker_argv("allreduce", "--size-mb", str(self.p["allreduce_size_mb"]))
+        ranks = _smoke.run_allreduce(argv, self.env, world_size, self.p["timeout_s"], backend)
+        return _smoke.judge_allreduce(ranks, world_size, backend)
+
+
+def host_outcomes(test, host_raw, devices):
+    p = test.p
+    torch_env = host_raw.get("torch_env", {})
+    out = {}
+    if "torch_cuda_version" in test.wanted and p["device"] == "cuda":
+        out["torch_cuda_version"] = _smoke.judge_cuda_version(torch_env, p["expected_cuda"])
+    if "flashinfer_versions" in test.wanted:
+        out["flashinfer_versions"] = _smoke.judge_versions(
+            host_raw.get("flashinfer_versions", {}), p["flashinfer_version"], p["expected_cuda"], test.judge_params
+        )
+    if "peer_access" in test.wanted:
+        out["peer_access"] = _smoke.judge_peer_access(host_raw.get("peer_access", {}), len(devices))
+    if "symmetric_memory" in test.wanted:
+        raw = host_raw.get("symmetric_memory", {})
+        out["symmetric_memory"] = _smoke.outcome("info", "", raw=raw)
+    return out
+
+
+def cpu_devices(count):
+    return [{"index": i, "uuid": f"cpu-rank-{i}", "name": "cpu", "sm": None} for i in range(count)]
+
+
+def run(module):
+    p = module.params
+    host = socket.gethostname()
+    python = p["python"] or os.path.join(p["venv"], "bin", "python")
+    if module.check_mode:
+        return skipped("check mode: the smoke test runs GPU kernels and is not run under --check", python=python)
+    if not os.access(python, os.X_OK):
+        if not p["gpu_required"]:
+            return skipped(f"skipped: no GPU required and {python} does not exist", python=python)
+        module.fail_json(
+            msg=f"{host}: {python} does not exist or is not executable; build the serving venv first or point"
+            " venv/python at an existing one",
+            python=python,
+        )
+    env = _smoke.build_env(os.environ, p["env"])
+    test = SmokeTest(p, write_worker(module), python, env)
+    began = time.monotonic()
+    host_raw = test.run_host()
+    torch_env = host_raw.get("torch_env", {})
+    if torch_env.get("status") != "measured":
+        return torch_missing(module, test, host_raw, host, began)
+    devices = torch_env.get("devices", []) if p["device"] == "cuda" else cpu_devices(p["cpu_ranks"])
+    if not devices:
+        if not p["gpu_required"]:
+            return skipped("skipped: no GPU (torch sees no CUDA device)", python=python, torch=torch_env)
+        module.fail_json(
+            msg=f"{host}: torch {torch_env.get('torch_version')} under {python} sees no CUDA device"
+            f" (cuda_available={torch_env.get('cuda_available')}); check the driver (nvidia-smi) and that torch is a"
+            " CUDA build",
+            torch=torch_env,
+        )
+    selected = [d for d in devices if p["gpus"] is None or d["index"] in p["gpus"]]
+    gpu_raw = _smoke.run_parallel({d["index"]: (lambda d=d: test.run_gpu(d)) for d in selected})
+    gpus = []
+    for device in selected:
+        raw, wall = gpu_raw[device["index"]]
+        checks = {name: _smoke.judge_kernel(name, r, device, test.judge_params) for name, r in raw.items()}
+        if "arch_in_list" in test.wanted and p["device"] == "cuda":
+            checks["arch_in_list"] = _smoke.judge_arch(device, torch_env.get("arch_list", []))
+        gpus.append(dict(device, wall_s=wall, checks=checks))
+    allreduce = test.run_allreduce(len(devices)) if "nccl_allreduce" in test.wanted else None
+    host_checks = host_outcomes(test, host_raw, devices)
+    summary = _smoke.summarize(host_checks, gpus, allreduce)
+    result = dict(
+        changed=False,
+        status="passed" if summary["passed"] else "failed",
+        python=python,
+        torch=torch_env,
+        host_checks=host_checks,
+        gpus=gpus,
+        wall_s=round(time.monotonic() - began, 2),
+        env={k: env[k] for k in sorted(set(_smoke.MULTICAST_OFF) | {"CUDA_DEVICE_ORDER"} | set(p["env"]))},
+        **summary,
+    )
+    if allreduce is not None:
+        result["allreduce"] = allreduce
+    return result
+
+
+def torch_missing(module, test, host_raw, host, began):
+    raw = host_raw.get("torch_env", {})
+    if raw.get("status") == "missing_package":
+        status, why = _smoke.resolve_missing("torch", test.p["required_packages"], test.python)
+        if status == "skipped" or not test.p["gpu_required"]:
+            return skipped(f"skipped: {why}", python=test.python, wall_s=round(time.monotonic() - began, 2))
+        failures = [f"{host}: {why}"]
+    else:
+        failures = [f"{host}: the worker could not read torch's facts under {test.python}: {raw.get('error')}"]
+    result = dict(
+        changed=False,
+        status="failed",
+        passed=False,
+        failures=failures,
+        python=test.python,
+        host_checks={},
+        gpus=[],
+        wall_s=round(time.monotonic() - began, 2),
+    )
+    return result
+
+
+def main():
+    module = build_module()
+    result = run(module)
+    if module.params["fail_on_failure"] and result.get("passed") is False:
+        module.fail_json(
+            msg="; ".join(result["failures"]),
+            **{k: v for k, v in result.items() if k != "failures"},
+            failures=result["failures"],
+        )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: nvml_info
+short_description: Read GPU facts through NVML and judge each GPU's health against thresholds
+description:
+  - Reads the driver version, the CUDA version the driver supports and, for every GPU, its identity, memory,
+    ECC mode and counters, remapped rows, retired pages, PCIe link, NVLink state, clock event reasons,
+    temperature, power, running compute processes and persistence mode, through nvidia-ml-py (C(pynvml)).
+  - Judges every GPU against O(thresholds) (the stack profile's C(postcheck.health)) and returns C(healthy) per
+    GPU and for the host, with reasons a person can act on.
+  - A field the GPU does not support reads C(not supported); the module never fails for it.
+  - Without a driver or NVML the module fails with the reason, unless O(gpu_required=false), when it returns
+    C(status=skipped) with C(skipped_reason) (hosts without GPUs, such as the lab).
+  - Read-only; never reports changed.
+version_added: 0.1.0
+author: gpufleet maintainers
+requirements:
+  - nvidia-ml-py (module pynvml) on the managed host, and the NVIDIA driver's libnvidia-ml.so.1
+options:
+  thresholds:
+    description:
+      - Health thresholds, as in the stack profile's C(postcheck.health).
+      - Keys not given take the defaults below.
+    type: dict
+    default: {}
+    suboptions:
+      max_uncorrectable_ecc:
+        description: Most uncorrectable ECC errors (volatile or aggregate counter) a healthy GPU may show.
+        type: int
+        default: 0
+      max_pending_row_remaps:
+        description: Most pending row remaps (NVML reports 0 or 1) a healthy GPU may show.
+        type: int
+        default: 0
+      allow_row_remap_failure:
+        description: Whether a failed row remap is tolerated.
+        type: bool
+        default: false
+      allow_pcie_downgrade:
+        description:
+          - Whether a PCIe link narrower than its maximum, or slower than its maximum generation while the GPU
+            is busy (P0), is tolerated. An idle GPU trains its link down; that is a note, never a failure.
+        type: bool
+        default: false
+      max_temperature_c:
+        description: Highest GPU temperature in degrees Celsius a healthy GPU may show.
+        type: int
+        default: 87
+      forbid_processes:
+        description: Whether running compute processes make a GPU unhealthy (the host should be drained).
+        type: bool
+        default: true
+      fail_on_clock_events:
+        description: Clock event reasons that make a GPU unhealthy.
+        type: list
+        elements: str
+        default: [hw_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, sw_thermal_slowdown]
+  gpu_required:
+    description:
+      - Whether the host must have a working NVIDIA driver and at least one GPU.
+      - When false and NVML is unavailable or sees no GPU, the result is C(status=skipped), never a faked health.
+    type: bool
+    default: true
+  expected_gpu_count:
+    description: Number of GPUs the host must show; a different count makes the host unhealthy.
+    type: int
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+notes:
+  - Retired pages are not supported on A100 and newer (row remapping replaced them); NVLink state is not supported
+    on PCIe-only GPUs such as the RTX PRO 6000. Both read C(not supported).
+"""
+
+EXAMPLES = r"""
+- name: Read GPU facts and judge health against the stack profile
+  gpufleet.upgrade.nvml_info:
+    thresholds: "{{ gpufleet_stack.postcheck.health }}"
+    gpu_required: "{{ gpufleet_gpu_required | default(gpufleet_stack.gpu.required) }}"
+  register: __postcheck_nvml
+
+- name: Show the reasons a GPU is unhealthy
+  ansible.builtin.debug:
+    var: __postcheck_nvml.reasons
+  when: not __postcheck_nvml.healthy
+"""
+
+RETURN = r"""
+status:
+  description: C(healthy), C(unhealthy) or C(skipped) (no GPU and none required).
+  returned: always
+  type: str
+  sample: healthy
+healthy:
+  description: Whether every GPU passed every rule; null when skipped.
+  returned: always
+  type: bool
+skipped_reason:
+  description: Why no GPU was judged.
+  returned: when status is skipped
+  type: str
+  sample: "skipped: no GPU (libnvidia-ml.so.1 was not found)"
+reasons:
+  description: One sentence per failed rule, naming the GPU (index, UUID, name), the value seen and what to do.
+  returned: always
+  type: list
+  elements: str
+notes:
+  description: Facts worth reading that are not gates (pending ECC mode change, idle PCIe link, unreadable fields).
+  returned: always
+  type: list
+  elements: str
+driver_version:
+  description: NVIDIA driver version.
+  returned: when NVML is available
+  type: str
+  sample: "580.159.04"
+cuda_driver_version:
+  description: Highest CUDA version the driver supports.
+  returned: when NVML is available
+  type: str
+  sample: "13.0"
+gpu_count:
+  description: Number of GPUs NVML sees.
+  returned: always
+  type: int
+gpus:
+  description: Per GPU facts with C(healthy), C(reasons) and C(notes). A field the GPU does not support reads
+    C(not supported).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - index: 0
+      name: NVIDIA H200
+      uuid: GPU-8c0e5b1a-0000-0000-0000-000000000000
+      pci_bus_id: "00000000:00:05.0"
+      compute_capability: "9.0"
+      memory: {total_mib: 143771, used_mib: 0}
+      ecc_mode: {current: enabled, pending: enabled}
+      ecc_errors: {volatile: {corrected: 0, uncorrected: 0}, aggregate: {corrected: 0, uncorrected: 0}}
+      remapped_rows: {correctable: 0, uncorrectable: 0, pending: false, failure: false}
+      retired_pages: not supported
+      pcie: {gen_current: 5, gen_max: 5, width_current: 16, width_max: 16, replay_counter: 0}
+      nvlink: not supported
+      clock_event_reasons: [gpu_idle]
+      temperature_c: 31
+      power: {draw_w: 75.3, limit_w: 700.0}
+      processes: []
+      persistence_mode: enabled
+      healthy: true
+      reasons: []
+      notes: []
+"""
+
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+
+THRESHOLD_SPEC = {
+    "max_uncorrectable_ecc": {"type": "int", "default": 0},
+    "max_pending_row_remaps": {"type": "int", "default": 0},
+    "allow_row_remap_failure": {"type": "bool", "default": False},
+    "allow_pcie_downgrade": {"type": "bool", "default": False},
+    "max_temperature_c": {"type": "int", "default": 87},
+    "forbid_processes": {"type": "bool", "default": True},
+    "fail_on_clock_events": {
+        "type": "list",
+        "elements": "str",
+        "default": list(_nvml.DEFAULT_THRESHOLDS["fail_on_clock_events"]),
+    },
+}
+
+ARGUMENT_SPEC = {
+    "thresholds": {"type": "dict", "default": {}, "options": THRESHOLD_SPEC},
+    "gpu_required": {"type": "bool", "default": True},
+    "expected_gpu_count": {"type": "int"},
+}
+
+
+def build_module():
+    return AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+
+
+def skipped(reason):
+    return {
+        "changed": False,
+        "status": "skipped",
+        "healthy": None,
+        "skipped_reason": f"skipped: no GPU ({reason})",
+        "reasons": [],
+        "notes": [],
+        "gpu_count": 0,
+        "gpus": [],
+    }
+
+
+def run(module, nvml_loader=_nvml.load_pynvml):
+    params = module.params
+    host = socket.gethostname()
+    try:
+        nvml = nvml_loader()
+        _nvml.init(nvml)
+    except _nvml.NvmlUnavailable as exc:
+        if not params["gpu_required"]:
+            return skipped(str(exc))
+        module.fail_json(
+            msg=f"{host}: NVML is not available: {exc}. Install the NVIDIA driver (and nvidia-ml-py for the Python"
+            " that runs Ansible modules), or set gpufleet_gpu_required=false for hosts that have no GPU.",
+            status="failed",
+        )
+    try:
+        facts = _nvml.collect(nvml)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass  # nothing is left to release when shutdown itself fails
+    if facts["gpu_count"] == 0 and not params["gpu_required"]:
+        return dict(skipped("NVML sees no GPU"), driver_version=facts["driver_version"])
+    verdict = _nvml.judge_host(facts, params["thresholds"], params["expected_gpu_count"])
+    if facts["gpu_count"] == 0:
+        verdict["reasons"].insert(0, "NVML sees no GPU but one is required (gpufleet_gpu_required)")
+        verdict["healthy"] = False
+    return {
+        "changed": False,
+        "status": "healthy" if verdict["healthy"] else "unhealthy",
+        "healthy": verdict["healthy"],
+        "reasons": verdict["reasons"],
+        "notes": verdict["notes"],
+        "driver_version": facts["driver_version"],
+        "cuda_driver_version": facts["cuda_driver_version"],
+        "nvml_version": facts["nvml_version"],
+        "gpu_count": facts["gpu_count"],
+        "gpus": verdict["gpus"],
+    }
+
+
+def main():
+    module = build_module()
+    module.exit_json(**run(module))
+
+
+if __name__ == "__main__":
+    main()
