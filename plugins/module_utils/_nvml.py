@@ -353,7 +353,8 @@ def _rule_pcie(gpu, t, who, reasons, notes):
     if width is not None and width_max is not None and width < width_max:
         reasons.append(
             f"{who}: PCIe link runs at x{width}, below its maximum x{width_max}; reseat the GPU or check the riser"
-            " and slot (a narrowed link is a classic fault after a reboot), or set postcheck.health.allow_pcie_downgrade"
+            " and slot (a narrowed link is a classic fault after a reboot),"
+            " or set postcheck.health.allow_pcie_downgrade"
         )
     gen, gen_max = _num(pcie.get("gen_current")), _num(pcie.get("gen_max"))
     if gen is not None and gen_max is not None and gen < gen_max:
@@ -365,7 +366,8 @@ def _rule_pcie(gpu, t, who, reasons, notes):
             )
         else:
             notes.append(
-                f"{who}: PCIe link at gen {gen} of {gen_max} while in {gpu.get('performance_state')} (idle power saving)"
+                f"{who}: PCIe link at gen {gen} of {gen_max} while in {gpu.get('performance_state')}"
+                " (idle power saving)"
             )
 
 

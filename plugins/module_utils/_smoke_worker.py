@@ -205,8 +205,10 @@ def check_flashinfer_batch_decode(index, device_kind, **_):
     q = torch.randn(len(kv_lens), heads_q, head_dim, device=device, generator=gen).to(torch.bfloat16)
     # pages handed out in reverse so the kernel must follow the page table, not assume contiguity
     indices = torch.arange(total - 1, -1, -1, dtype=torch.int32, device=device)
-    indptr = torch.tensor([0] + list(_cumsum(pages)), dtype=torch.int32, device=device)
-    last = torch.tensor([n - (p - 1) * page for n, p in zip(kv_lens, pages)], dtype=torch.int32, device=device)
+    indptr = torch.tensor([0, *_cumsum(pages)], dtype=torch.int32, device=device)
+    last = torch.tensor(
+        [n - (p - 1) * page for n, p in zip(kv_lens, pages, strict=True)], dtype=torch.int32, device=device
+    )
     workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=device)
     wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
     wrapper.plan(

@@ -12,12 +12,13 @@ description:
   - Runs a worker script under the Python of a given venv (the serving venv by default), one process per GPU,
     all GPUs at once, with a time limit per check. A check that overruns is killed and reported as failed;
     the checks after it still run.
-  - "Checks: C(torch_cuda_version) (C(torch.version.cuda) equals O(expected_cuda)); C(arch_in_list) (each GPU's
-    C(sm_XY) is in C(torch.cuda.get_arch_list())); C(bf16_matmul) against an fp32 reference; C(flashinfer_single_decode),
-    C(flashinfer_single_prefill) and C(flashinfer_batch_decode) (paged KV cache) against torch SDPA in fp32;
-    C(flashinfer_versions) (flashinfer-python, -cubin and -jit-cache agree); C(capability_probes) (sm90a/sm100a/sm120a/sm12x
-    support, fp8/fp4 GEMM backends, reported not judged); C(peer_access); C(symmetric_memory) (reported);
-    C(nccl_allreduce) across all GPUs (one process per GPU) with the right sum and its bus bandwidth."
+  - "Checks: C(torch_cuda_version) (C(torch.version.cuda) equals O(expected_cuda)); C(arch_in_list) (each
+    GPU's C(sm_XY) is in C(torch.cuda.get_arch_list())); C(bf16_matmul) against an fp32 reference;
+    C(flashinfer_single_decode), C(flashinfer_single_prefill) and C(flashinfer_batch_decode) (paged KV cache)
+    against torch SDPA in fp32; C(flashinfer_versions) (flashinfer-python, -cubin and -jit-cache agree);
+    C(capability_probes) (sm90a/sm100a/sm120a/sm12x support, fp8/fp4 GEMM backends, reported not judged);
+    C(peer_access); C(symmetric_memory) (reported); C(nccl_allreduce) across all GPUs (one process per GPU)
+    with the right sum and its bus bandwidth."
   - "Tolerances: C(bf16_matmul) relative Frobenius error <= O(tolerances.matmul_rel_err) (default 0.01) and cosine >=
     O(tolerances.min_cosine) (default 0.999); attention checks max abs error <= O(tolerances.attention_atol)
     (default 0.02, bf16 inputs and outputs against an fp32 reference) and the same cosine."
@@ -38,7 +39,9 @@ options:
     description: Python interpreter to run the checks with, instead of O(venv)'s.
     type: path
   expected_cuda:
-    description: The CUDA version C(torch.version.cuda) must report (the profile's C(cuda.version)); omitted means reported only.
+    description:
+      - The CUDA version C(torch.version.cuda) must report (the profile's C(cuda.version)).
+      - Omitted means reported only.
     type: str
   flashinfer_version:
     description: The flashinfer version the profile pins; omitted means only the three packages must agree.
@@ -156,7 +159,8 @@ skipped_reason:
   returned: when status is skipped
   type: str
 failures:
-  description: One message per failed check, naming the GPU (index and UUID), the check, the numbers seen and the tolerance.
+  description: One message per failed check, naming the GPU (index and UUID), the check, the numbers seen and
+    the tolerance.
   returned: always
   type: list
   elements: str
@@ -193,14 +197,14 @@ env:
   type: dict
 """
 
-import inspect
-import os
-import socket
-import time
+import inspect  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker  # noqa: E402
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "default": "/opt/gpufleet/serving/current"},
