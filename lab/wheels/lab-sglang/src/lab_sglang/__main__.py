@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--lab-accept-length", type=float, help="mean tokens accepted per verify step")
     lab.add_argument("--lab-ttft-ms", type=float, default=float(env("LAB_SGLANG_TTFT_MS", "20")))
     lab.add_argument(
-        "--lab-prefill-us-per-token", type=float, default=float(env("LAB_SGLANG_PREFILL_US_PER_TOKEN", "100"))
+        "--lab-prefill-us-per-token", type=float, default=float(env("LAB_SGLANG_PREFILL_US_PER_TOKEN", "20"))
     )
     lab.add_argument(
         "--lab-batch-penalty",

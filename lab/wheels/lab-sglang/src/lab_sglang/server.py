@@ -62,7 +62,7 @@ class Config:
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
     ttft_base_s: float = 0.02
-    prefill_s_per_token: float = 0.0001
+    prefill_s_per_token: float = 0.00002
     batch_penalty: float = 0.0
     startup_s: float = 1.0
     fault: str = "none"

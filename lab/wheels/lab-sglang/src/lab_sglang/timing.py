@@ -2,10 +2,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Deterministic schedule of one request: when each chunk of tokens is emitted.
 
-A request's first chunk arrives after the prefill (TTFT); each later chunk one decode step later.
-Without speculation every step yields one token. With speculation step k yields
-floor((k+1)*a) - floor(k*a) tokens (a = accept length), so the mean is exactly a, and one step
-lasts a / spec_tok_s seconds, so the decode rate is spec_tok_s. spec_verify_ct is the number of steps.
+The rate is end to end, as SGLang's own speed check computes it (completion_tokens / e2e_latency):
+the last chunk of n tokens arrives n / rate seconds after the request, the first after the prefill
+(TTFT), the others evenly between. Without speculation every step yields one token. With
+speculation step k yields floor((k+1)*a) - floor(k*a) tokens (a = accept length), so the mean is a;
+spec_verify_ct is the number of steps. When the prefill alone outlasts n / rate (a tiny n), steps
+follow it at a / rate each.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def build_schedule(
     accept = accept_length if speculative else 1.0
     sizes = step_sizes(max(0, n_tokens), accept)
     ttft = ttft_base_s + prompt_tokens * prefill_s_per_token
-    step_s = accept / rate_tok_s * slowdown
+    budget = n_tokens / rate_tok_s * slowdown
+    if len(sizes) > 1 and budget > ttft:
+        step_s = (budget - ttft) / (len(sizes) - 1)
+    else:
+        step_s = accept / rate_tok_s * slowdown
     offsets = tuple(ttft + index * step_s for index in range(len(sizes)))
     return Schedule(chunks=tuple(sizes), offsets=offsets, verify_ct=len(sizes))
