@@ -1,0 +1,238 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cuda_redist
+short_description: Install a CUDA toolkit side by side from NVIDIA redist archives already on the host
+description:
+  - Builds the toolkit in a staging folder next to O(dest) from the archives in O(archive_dir) (as planned by
+    M(gpufleet.upgrade.cuda_redist_fetch)), writes C(version.json) in NVIDIA's format, checks that the new
+    C(nvcc --version) reports the release, and only then renames the staging folder to O(dest).
+    An interrupted run leaves no partial toolkit at O(dest); its staging folder is removed by the next run.
+  - Every archive is verified against the manifest's size and sha256 before extraction.
+  - Other toolkits are never touched. A O(dest) that holds something else than a toolkit, or a toolkit this
+    collection did not install that does not match, is refused.
+  - Changed only when O(dest) lacks the release or a component; the diff names the components.
+version_added: 0.1.0
+options:
+  dest:
+    description: Toolkit folder to create, e.g. C(/usr/local/cuda-13.0).
+    type: path
+    required: true
+  release:
+    description: CUDA release (C(13.0.2)); C(version.json) records it.
+    type: str
+    required: true
+  archives:
+    description: The archives for this host's platform, as in RV(gpufleet.upgrade.cuda_redist_fetch#module:plan).
+    type: list
+    elements: dict
+    required: true
+  archive_dir:
+    description: Folder on the host holding the archives (file names as in the manifest). Not read in check mode.
+    type: path
+  extract_factor:
+    description: Extracted size as a multiple of the archives' size, for the free space check.
+    type: float
+    default: 4.0
+  verify_nvcc:
+    description: Require C(bin/nvcc --version) of the new toolkit to report O(release)'s C(major.minor).
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+author:
+  - gpufleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Install CUDA 13.0 beside the existing toolkits
+  gpufleet.upgrade.cuda_redist:
+    dest: /usr/local/cuda-13.0
+    release: 13.0.2
+    archives: "{{ fetched.plan['linux-x86_64'] }}"
+    archive_dir: /usr/local/.gpufleet-redist
+"""
+
+RETURN = r"""
+home:
+  description: The toolkit folder (O(dest)).
+  returned: success
+  type: str
+installed:
+  description: Components written by this run (would be, in check mode).
+  returned: success
+  type: list
+  elements: str
+status_before:
+  description: What O(dest) was before (absent, present, incomplete, other_release).
+  returned: success
+  type: str
+nvcc_version:
+  description: C(nvcc --version) of the new toolkit (C(13.0.88)).
+  returned: when installed and O(verify_nvcc)
+  type: str
+"""
+
+import datetime
+import json
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _redist as rd
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
+
+
+def describe(release, components):
+    lines = [f"release: {release or 'none'}"] + [f"  {c}" for c in components]
+    return "\n".join(lines) + "\n"
+
+
+def refuse(module, dest, status):
+    if status["status"] == "not_a_toolkit":
+        module.fail_json(
+            msg=f"{dest} exists but is not a CUDA toolkit ({status['reason']}); move it away or set cuda_toolkit_root"
+            " to another folder. Nothing was installed",
+            kind="not_a_toolkit",
+        )
+    module.fail_json(
+        msg=f"{dest} holds CUDA {status.get('release')} installed by other means"
+        f"{' without ' + ', '.join(status['missing']) if status['missing'] else ''}; this role does not overwrite"
+        " toolkits it did not install. Remove it, or install the profile's components with the method that made it",
+        kind="foreign",
+    )
+
+
+def preflight(module, dest, archives):
+    parent = os.path.dirname(dest)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        module.fail_json(
+            msg=f"cannot write {parent} as uid {os.geteuid()}; run the role with become: true (root is needed to"
+            " install into it) or set cuda_toolkit_root to a folder this user owns",
+            kind="permission",
+        )
+    stat = os.statvfs(parent)
+    free = stat.f_bavail * stat.f_frsize
+    need = int(sum(a["size"] for a in archives) * module.params["extract_factor"])
+    if free < need:
+        module.fail_json(
+            msg=f"{parent} has {free // 2**20} MiB free, the toolkit needs about {need // 2**20} MiB; free space there"
+            " or set cuda_toolkit_root to a larger file system",
+            kind="disk",
+        )
+
+
+def build(module, staging, archives):
+    archive_dir = module.params["archive_dir"]
+    for archive in archives:
+        path = os.path.join(archive_dir, os.path.basename(archive["relative_path"]))
+        if not os.path.isfile(path):
+            raise rd.RedistError(
+                f"archive {path} is missing on the host; run the role again to push it", kind="missing"
+            )
+        rd.verify_file(path, archive["sha256"], archive["size"], label=path)
+        rd.extract_archive(path, archive["top_dir"], staging)
+
+
+def write_metadata(staging, release, archives, version_json):
+    with open(os.path.join(staging, "version.json"), "w", encoding="utf-8") as out:
+        json.dump(version_json, out, indent=3, sort_keys=True)
+        out.write("\n")
+    marker = {
+        "method": "redist",
+        "release": release,
+        "installed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "archives": {a["relative_path"]: a["sha256"] for a in archives},
+    }
+    with open(os.path.join(staging, tk.MARKER), "w", encoding="utf-8") as out:
+        json.dump(marker, out, indent=2, sort_keys=True)
+
+
+def check_nvcc(module, staging, release):
+    nvcc = os.path.join(staging, "bin", "nvcc")
+    rc, out, err = module.run_command([nvcc, "--version"])
+    parsed = tk.parse_nvcc_version(out)
+    want = ".".join(release.split(".")[:2])
+    if rc != 0 or not parsed or parsed["release"] != want:
+        raise rd.RedistError(
+            f"the new toolkit's nvcc does not report release {want} (rc={rc}, output: {(out or err).strip()[-300:]});"
+            " the profile's components must include what nvcc needs (cuda_nvcc, cuda_crt, libnvvm for 13.x)",
+            kind="verify",
+        )
+    return parsed["version"]
+
+
+def swap_into_place(staging, dest):
+    """Rename staging to dest; a managed older toolkit at dest is renamed away first and removed after."""
+    old = None
+    if os.path.lexists(dest):
+        old = f"{os.path.dirname(dest)}/.{os.path.basename(dest)}.gpufleet-old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+    os.rename(staging, dest)
+    if old:
+        shutil.rmtree(old)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "dest": {"type": "path", "required": True},
+            "release": {"type": "str", "required": True},
+            "archives": {"type": "list", "elements": "dict", "required": True},
+            "archive_dir": {"type": "path"},
+            "extract_factor": {"type": "float", "default": 4.0},
+            "verify_nvcc": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    dest, release, archives = p["dest"].rstrip("/"), p["release"], p["archives"]
+    components = [a["component"] for a in archives]
+    status = tk.target_status(dest, release, components)
+    result = {"changed": False, "home": dest, "status_before": status["status"], "installed": []}
+    if status["status"] == "present":
+        module.exit_json(**result)
+    if status["status"] in ("not_a_toolkit", "foreign"):
+        refuse(module, dest, status)
+    have_release, have = tk.summarize_version_json(tk.read_version_json(dest))
+    result.update(changed=True, installed=components)
+    if module._diff:
+        result["diff"] = {
+            "before_header": f"{dest} ({status['status']})",
+            "after_header": f"{dest} (CUDA {release})",
+            "before": describe(have_release, sorted(have)),
+            "after": describe(release, [f"{a['component']} {a['version']}" for a in archives]),
+        }
+    if module.check_mode:
+        module.exit_json(**result)
+    if not p["archive_dir"]:
+        module.fail_json(msg="archive_dir is required to install (it holds the pushed archives)")
+    preflight(module, dest, archives)
+    staging = f"{os.path.dirname(dest)}/.{os.path.basename(dest)}.gpufleet-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        build(module, staging, archives)
+        write_metadata(staging, release, archives, rd.version_json(archives, release))
+        if p["verify_nvcc"] and "cuda_nvcc" in components:
+            result["nvcc_version"] = check_nvcc(module, staging, release)
+        os.chmod(staging, 0o755)
+        swap_into_place(staging, dest)
+    except (rd.RedistError, OSError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        module.fail_json(msg=f"{exc}. Nothing was installed at {dest}", kind=getattr(exc, "kind", "os"), home=dest)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

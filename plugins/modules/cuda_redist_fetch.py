@@ -1,0 +1,295 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cuda_redist_fetch
+short_description: Fetch NVIDIA's redist manifest and archives once into a controller-side cache
+description:
+  - Meant to run once per play on the controller (C(delegate_to: localhost), C(run_once: true)).
+  - Reads C(redistrib_<release>.json) from O(base_url) (or the cache), checks that every component in
+    O(components) exists for the platform of every host in O(hosts), and with O(download) fetches each
+    archive not yet in O(cache_dir), verifying size and sha256 against the manifest before keeping it.
+  - Cached archives are verified again each run; a bad one is fetched anew. A partial download is never kept.
+  - Errors say which host, which value and what to do (wrong release, unknown component, platform missing
+    from the manifest, mirror unreachable or answering HTML, truncated or altered archive).
+  - In check mode nothing is written: the manifest is read into memory and the archives that would be
+    fetched are reported.
+version_added: 0.1.0
+options:
+  base_url:
+    description: URL of the redist tree (NVIDIA's C(compute/cuda/redist) or a mirror); C(file://) works.
+    type: str
+    required: true
+  release:
+    description: CUDA release, C(X.Y.Z); selects C(redistrib_<release>.json).
+    type: str
+    required: true
+  components:
+    description: Manifest keys to fetch (C(cuda_nvcc), C(cuda_cudart), ...).
+    type: list
+    elements: str
+    required: true
+  hosts:
+    description: Inventory host name to its C(uname -m); decides the platforms fetched, and names hosts in errors.
+    type: dict
+    required: true
+  cache_dir:
+    description: Controller folder of the cache; keeps the mirror's layout below it.
+    type: path
+    required: true
+  download:
+    description: Fetch the archives too; false reads and checks the manifest only.
+    type: bool
+    default: true
+  timeout:
+    description: Seconds before a silent connection is given up.
+    type: int
+    default: 60
+  validate_certs:
+    description: Check the mirror's TLS certificate.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - gpufleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Fetch the 13.0.2 archives for every host once
+  gpufleet.upgrade.cuda_redist_fetch:
+    base_url: http://127.0.0.1:38102/redist
+    release: 13.0.2
+    components: [cuda_nvcc, cuda_crt, libnvvm, cuda_cudart, cuda_cccl]
+    hosts: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'ansible_architecture'))) }}"
+    cache_dir: ~/.gpufleet/cache/redist
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+manifest_path:
+  description: Cached manifest (absent in check mode when it was not cached yet).
+  returned: success
+  type: str
+release_label:
+  description: The manifest's C(release_label).
+  returned: success
+  type: str
+plan:
+  description: Platform to the archives it needs (component, name, version, relative_path, sha256, size, top_dir).
+  returned: success
+  type: dict
+platforms:
+  description: Host to its manifest platform (C(linux-x86_64), C(linux-sbsa)).
+  returned: success
+  type: dict
+downloaded:
+  description: Relative paths fetched from O(base_url) by this run (would be, in check mode).
+  returned: success
+  type: list
+  elements: str
+downloaded_bytes:
+  description: Bytes fetched from O(base_url) by this run, manifest included.
+  returned: success
+  type: int
+"""
+
+import http.client
+import os
+import tempfile
+import urllib.error
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _redist as rd
+
+CHUNK = 1 << 20
+
+
+class Fetcher:
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.base = self.p["base_url"].rstrip("/")
+        self.bytes = 0
+
+    def open(self, rel, what):
+        url = f"{self.base}/{rel}"
+        try:
+            return open_url(
+                url, timeout=self.p["timeout"], validate_certs=self.p["validate_certs"], follow_redirects="safe"
+            )
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404 and what == "manifest":
+                raise self.unknown_release(url) from exc
+            raise rd.RedistError(
+                f"{url} answered HTTP {exc.code} {exc.reason}; check that the redist mirror (gpufleet_redist_url or"
+                f" the profile's cuda.sources.redist.url) holds the {what}",
+                kind="http",
+            ) from exc
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise rd.RedistError(
+                f"cannot reach the redist mirror at {url} ({reason}); start the mirror or set gpufleet_redist_url"
+                " to one the controller can reach",
+                kind="unreachable",
+            ) from exc
+
+    def unknown_release(self, url):
+        listed = []
+        try:
+            listed = rd.releases_in_listing(
+                open_url(self.base + "/", timeout=self.p["timeout"]).read(1 << 20).decode("utf-8", "replace")
+            )
+        except Exception:  # the listing is only a hint for the message
+            pass
+        known = f"; the mirror lists {', '.join(listed)}" if listed else ""
+        return rd.RedistError(
+            f"CUDA release {self.p['release']!r} is unknown to the redist mirror: {url} does not exist{known}."
+            " Fix cuda.release in the profile (or cuda_toolkit_release)",
+            kind="unknown_version",
+        )
+
+    def read_manifest(self, path, rel):
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                raw = handle.read()
+            try:
+                return rd.parse_manifest(raw, path), False
+            except rd.RedistError:
+                pass  # a damaged cache entry is fetched again
+        response = self.open(rel, "manifest")
+        try:
+            raw = response.read()
+        except http.client.IncompleteRead as exc:
+            raise rd.RedistError(f"{self.base}/{rel} was cut short; run again", kind="truncated") from exc
+        self.bytes += len(raw)
+        manifest = rd.parse_manifest(raw, f"{self.base}/{rel}")
+        if not self.module.check_mode:
+            write_atomic(path, raw)
+        return manifest, True
+
+    def download(self, archive, dest):
+        rel = archive["relative_path"]
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        response = self.open(rel, f"archive {rel}")
+        fd, part = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".part-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                try:
+                    for block in iter(lambda: response.read(CHUNK), b""):
+                        out.write(block)
+                        self.bytes += len(block)
+                except http.client.IncompleteRead as exc:
+                    raise rd.RedistError(
+                        f"{self.base}/{rel} was cut short after {out.tell()} of {archive['size']} bytes; run again",
+                        kind="truncated",
+                    ) from exc
+            with open(part, "rb") as check:
+                if rd.looks_like_html(check.read(512)):
+                    raise rd.RedistError(
+                        f"{self.base}/{rel} returned an HTML page, not the archive; fix the redist mirror", kind="html"
+                    )
+            rd.verify_file(part, archive["sha256"], archive["size"], label=f"{self.base}/{rel}")
+            os.replace(part, dest)
+        finally:
+            if os.path.exists(part):
+                os.unlink(part)
+
+
+def write_atomic(path, raw):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".part-")
+    with os.fdopen(fd, "wb") as out:
+        out.write(raw)
+    os.replace(tmp, path)
+
+
+def cached_ok(path, archive):
+    if not os.path.isfile(path):
+        return False
+    try:
+        rd.verify_file(path, archive["sha256"], archive["size"])
+    except rd.RedistError:
+        return False
+    return True
+
+
+def host_platforms(hosts):
+    platforms, errors = {}, []
+    for host, machine in sorted(hosts.items()):
+        try:
+            platforms[host] = rd.platform_for(str(machine))
+        except rd.RedistError as exc:
+            errors.append(f"host {host}: {exc}; leave it out of the play")
+    if errors:
+        raise rd.RedistError("; ".join(errors), kind="platform")
+    return platforms
+
+
+def run(module):
+    p = module.params
+    fetcher = Fetcher(module)
+    platforms = host_platforms(p["hosts"])
+    rel = rd.manifest_name(p["release"])
+    manifest_path = os.path.join(p["cache_dir"], rel)
+    manifest, fetched = fetcher.read_manifest(manifest_path, rel)
+    per_platform = {}
+    for platform in sorted(set(platforms.values())):
+        try:
+            per_platform[platform] = rd.select(manifest, p["components"], platform, f"{fetcher.base}/{rel}")
+        except rd.RedistError as exc:
+            names = ", ".join(h for h, pl in platforms.items() if pl == platform)
+            raise rd.RedistError(f"host(s) {names} ({platform}): {exc}", kind=exc.kind) from exc
+    downloaded = [rel] if fetched else []
+    if p["download"]:
+        for archive in rd.unique_archives(per_platform):
+            dest = os.path.join(p["cache_dir"], archive["relative_path"])
+            if cached_ok(dest, archive):
+                continue
+            downloaded.append(archive["relative_path"])
+            if not module.check_mode:
+                fetcher.download(archive, dest)
+    return {
+        "changed": bool(downloaded),
+        "manifest_path": manifest_path,
+        "release_label": manifest.get("release_label"),
+        "plan": per_platform,
+        "platforms": platforms,
+        "downloaded": downloaded,
+        "downloaded_bytes": fetcher.bytes,
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "base_url": {"type": "str", "required": True},
+            "release": {"type": "str", "required": True},
+            "components": {"type": "list", "elements": "str", "required": True},
+            "hosts": {"type": "dict", "required": True},
+            "cache_dir": {"type": "path", "required": True},
+            "download": {"type": "bool", "default": True},
+            "timeout": {"type": "int", "default": 60},
+            "validate_certs": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        result = run(module)
+    except rd.RedistError as exc:
+        module.fail_json(msg=str(exc), kind=exc.kind)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
