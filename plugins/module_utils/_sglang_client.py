@@ -203,10 +203,10 @@ class Client:
         except Exception as exc:  # transport failures are data for the error statistics
             record["error"] = self._describe(path, exc)
             if progress:
-                record["error"] += f" (stream cut after {progress} token chunk(s))"
+                record["error"] += f" (stream cut off before [DONE] after {progress} token chunk(s))"
             return record
         if not done:
-            record["error"] = f"stream from {url} ended before [DONE] after {progress} token chunk(s)"
+            record["error"] = f"stream from {url} cut off before [DONE] after {progress} token chunk(s)"
             return record
         record["e2e_s"] = time.monotonic() - start
         record["prompt_tokens"] = state.get("prompt_tokens")

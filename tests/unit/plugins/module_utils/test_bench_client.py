@@ -1,0 +1,155 @@
+"""The SGLang client against the lab stand-in served in-process: known timing, and every failure mode."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client import Client, ServerError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "lab" / "wheels" / "lab-sglang" / "src"))
+
+from lab_sglang.server import Config, make_server
+from lab_sglang.stack import Rates
+from lab_sglang.timing import build_schedule, step_sizes
+
+FAST = Rates("test", nospec_tok_s=400.0, spec_tok_s=800.0, accept_length=3.0)
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(**overrides):
+        cfg = dict(
+            host="127.0.0.1",
+            port=0,
+            model_path="/m",
+            served_model_name="lab-model",
+            rates=FAST,
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path="/d",
+            startup_s=0.0,
+            ttft_base_s=0.005,
+            prefill_s_per_token=0.0,
+        )
+        cfg.update(overrides)
+        server = make_server(Config(**cfg))
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+# -- the stand-in's schedule is what the statistics are checked against --------------------------
+def test_step_sizes_follow_the_accept_length():
+    assert step_sizes(16, 3.0) == [3, 3, 3, 3, 3, 1]
+    assert step_sizes(10, 1.6) == [1, 2, 1, 2, 2, 1, 1]
+    assert step_sizes(5, 1.0) == [1] * 5
+
+
+def test_schedule_ends_at_n_over_rate():
+    s = build_schedule(
+        60, 100, speculative=True, rate_tok_s=96.1, accept_length=3.0, ttft_base_s=0.02, prefill_s_per_token=0.0
+    )
+    assert s.verify_ct == 20
+    assert s.completion_tokens == 60
+    assert s.offsets[0] == pytest.approx(0.02)
+    assert s.e2e_latency == pytest.approx(60 / 96.1)
+
+
+# -- normal answers ----------------------------------------------------------------------------
+def test_generate_stream_counts_tokens_verify_steps_and_timing(serve):
+    _server, url = serve()
+    r = Client(url, timeout=5).generate("hello there", 16)
+    assert r["ok"], r["error"]
+    assert r["completion_tokens"] == 16
+    assert r["spec_verify_ct"] == 6
+    assert len(r["itl_s"]) == 5  # one gap between each of the six chunks
+    assert r["ttft_s"] == pytest.approx(0.005, abs=0.01)
+    assert r["e2e_s"] == pytest.approx(16 / 800.0, abs=0.015)
+    assert r["server_e2e_s"] is not None
+
+
+def test_completion_stream_counts_usage_tokens(serve):
+    _server, url = serve()
+    r = Client(url, timeout=5).completion("hello there", 16, "lab-model")
+    assert r["ok"], r["error"]
+    assert r["completion_tokens"] == 16
+    assert r["spec_verify_ct"] is None
+    assert len(r["itl_s"]) == 5
+    assert r["prompt_tokens"] == 3
+
+
+def test_server_info_reports_the_average_accept_length(serve):
+    _server, url = serve()
+    client = Client(url, timeout=5)
+    client.generate("a", 16)
+    client.generate("b", 30)
+    info = client.get_json("/get_server_info")
+    assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(46 / 16)
+    assert info["speculative_algorithm"] == "EAGLE3"
+
+
+def test_without_speculation_there_is_no_verify_count(serve):
+    _server, url = serve(speculative_algorithm=None, speculative_draft_model_path=None)
+    r = Client(url, timeout=5).generate("x", 8)
+    assert r["ok"] and r["spec_verify_ct"] is None and len(r["itl_s"]) == 7
+    assert "avg_spec_accept_length" not in Client(url).get_json("/get_server_info")["internal_states"][0]
+
+
+# -- failure modes give one clear error each -----------------------------------------------------
+@pytest.mark.parametrize("api", ["generate", "completion"])
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("http500", "HTTP 500 from http://127.0.0.1:"),
+        ("malformed_json", "malformed JSON in stream from"),
+        ("stream_cut", "cut off before [DONE] after"),
+    ],
+)
+def test_fault_becomes_an_error_record(serve, api, fault, expected):
+    _server, url = serve(fault=fault)
+    client = Client(url, timeout=5)
+    r = client.generate("x", 16) if api == "generate" else client.completion("x", 16, "m")
+    assert r["ok"] is False
+    assert expected in r["error"], r["error"]
+
+
+def test_slow_server_times_out(serve):
+    _server, url = serve(fault="slow", slow_s=3.0)
+    r = Client(url, timeout=0.5).generate("x", 4)
+    assert r["ok"] is False
+    assert "within 0.5s (timeout)" in r["error"]
+
+
+def test_fault_every_second_request(serve):
+    _server, url = serve(fault="http500", fault_every=2)
+    client = Client(url, timeout=5)
+    assert [client.generate("x", 4)["ok"] for _ in range(4)] == [True, False, True, False]
+
+
+def test_never_healthy_and_unreachable(serve):
+    _server, url = serve(fault="never_healthy")
+    ticks = iter(range(100))
+    ok, seen = Client(url).wait_healthy(3, clock=lambda: next(ticks), sleep=lambda _s: None)
+    assert (ok, seen) == (False, "HTTP 503")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    ok, seen = Client(f"http://127.0.0.1:{closed}").wait_healthy(0)
+    assert ok is False and "cannot reach" in seen
+
+
+def test_malformed_server_info_is_a_server_error(serve):
+    _server, url = serve()
+    with pytest.raises(ServerError, match=r"HTTP 404 from .*/nowhere"):
+        Client(url).get_json("/nowhere")
