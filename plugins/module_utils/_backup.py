@@ -262,11 +262,17 @@ def load_manifest(folder):
     return manifest
 
 
-def verify_backup(folder, manifest, check_lock=True):
-    """Prove the backup can restore: every file's checksum re-read, the lock parses, the archive lists."""
+def verify_backup(folder, manifest, check_lock=True, scope="full"):
+    """Prove the backup can restore: every file's checksum re-read, the lock parses, the archive lists.
+
+    ``scope="lock"`` checks only what a controller copy holds: the manifest and the venv lock.
+    """
     problems = []
-    actual = checksum_tree(folder)
     recorded = manifest.get("checksums", {})
+    actual = checksum_tree(folder)
+    if scope == "lock":
+        recorded = {rel: value for rel, value in recorded.items() if rel == LOCK}
+        actual = {rel: value for rel, value in actual.items() if rel == LOCK}
     for rel in sorted(set(recorded) | set(actual)):
         if rel not in actual:
             problems.append(f"{rel} is missing")
@@ -284,7 +290,7 @@ def verify_backup(folder, manifest, check_lock=True):
         except (OSError, BackupError) as exc:
             problems.append(str(exc))
     archive = manifest.get("archive") or {}
-    if archive:
+    if archive and scope == "full":
         try:
             with tarfile.open(os.path.join(folder, ARCHIVE), "r:gz") as tar:
                 count = len(tar.getmembers())

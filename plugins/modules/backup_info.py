@@ -28,9 +28,12 @@ attributes:
     description: Changes nothing.
 options:
   state_dir:
-    description: State folder holding C(backups/), or a controller folder of fetched backups.
+    description: State folder holding C(backups/).
     type: path
-    required: true
+  backups_dir:
+    description: Folder holding the backup folders themselves (for example the controller's copies); instead of
+      O(state_dir).
+    type: path
   backup_id:
     description: Backup to read; the newest when omitted.
     type: str
@@ -45,6 +48,12 @@ options:
     description: Re-read checksums, parse the lock and list the archive.
     type: bool
     default: true
+  verify_scope:
+    description: C(full) checks every file and the archive; C(lock) only the manifest and the venv lock (what a
+      controller copy holds).
+    type: str
+    choices: [full, lock]
+    default: full
   require_lock_check:
     description: Fail when the lock cannot be parsed here because C(packaging) is missing (set on the controller).
     type: bool
@@ -102,7 +111,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as
 def run(module):
     p = module.params
     host = p["host"]
-    backups_dir = os.path.join(p["state_dir"], "backups")
+    backups_dir = p["backups_dir"] or os.path.join(p["state_dir"], "backups")
     ids = bk.list_backups(backups_dir)
     wanted = p["backup_id"]
     if not wanted:
@@ -136,7 +145,7 @@ def run(module):
     if p["require_lock_check"] and not check_lock:
         module.fail_json(msg=f"{host}: the Python package 'packaging' is missing where backup_info runs")
     if p["verify"]:
-        problems = bk.verify_backup(folder, manifest, check_lock=check_lock)
+        problems = bk.verify_backup(folder, manifest, check_lock=check_lock, scope=p["verify_scope"])
         if problems:
             module.fail_json(
                 msg=f"{host}: backup {wanted} does not verify: {'; '.join(problems)}; nothing was changed",
@@ -157,13 +166,17 @@ def run(module):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "state_dir": {"type": "path", "required": True},
+            "state_dir": {"type": "path"},
+            "backups_dir": {"type": "path"},
             "backup_id": {"type": "str"},
             "host": {"type": "str", "required": True},
             "profile": {"type": "str"},
             "verify": {"type": "bool", "default": True},
+            "verify_scope": {"type": "str", "choices": ["full", "lock"], "default": "full"},
             "require_lock_check": {"type": "bool", "default": False},
         },
+        mutually_exclusive=[("state_dir", "backups_dir")],
+        required_one_of=[("state_dir", "backups_dir")],
         supports_check_mode=True,
     )
     module.exit_json(**run(module))
