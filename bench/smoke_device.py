@@ -1,0 +1,180 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Proof run of the postcheck role on a machine's own GPUs (the device machine), with wall times.
+
+    python3 bench/smoke_device.py OUTDIR [--runs 2] [--profile cu130]
+
+Installs the carried wheels (.whl/: ansible-core and its needs, flashinfer-python, apache-tvm-ffi), makes the
+repository importable as the collection gpufleet.upgrade, records the raw NVML answers, then runs
+`ansible-playbook tests/integration/playbooks/postcheck_device.yml` against localhost (connection local) with
+the profile. The first run JIT-compiles flashinfer's kernels with the machine's nvcc; a second run shows the warm
+wall time. Results (the role's JSON, the NVML recording, the playbook log, a summary) land flat in OUTDIR.
+NVLink multicast stays off for everything started here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def sh(cmd, **kw):
+    print("+", cmd if isinstance(cmd, str) else " ".join(cmd), flush=True)
+    return subprocess.run(cmd, shell=isinstance(cmd, str), text=True, capture_output=True, **kw)
+
+
+def install_wheels():
+    wheels = sorted(glob.glob(os.path.join(REPO, ".whl", "*.whl")))
+    base = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    res = sh(base + wheels)
+    if res.returncode != 0:  # a read-only interpreter: fall back to a side folder on PYTHONPATH
+        print(res.stderr[-2000:])
+        res = sh([*base, "--target", "/tmp/site", *wheels])
+        os.environ["PYTHONPATH"] = "/tmp/site" + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return res.returncode
+
+
+def collection_path():
+    root = "/tmp/gpufleet-ac"
+    link = os.path.join(root, "ansible_collections", "gpufleet", "upgrade")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if not os.path.islink(link):
+        os.symlink(REPO, link)
+    return root
+
+
+def cuda_home():
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    nvcc = shutil.which("nvcc") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/nvcc"))), None)
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else "/usr/local/cuda"
+
+
+def playbook(out, run, profile, env, cuda):
+    state, ctl = f"/tmp/pc-state-{run}", f"/tmp/pc-ctl-{run}"
+    extra = {
+        "gpufleet_stack_profile": profile,
+        "postcheck_state_dir": state,
+        "gpufleet_controller_dir": ctl,
+        "postcheck_smoke_python": sys.executable,
+        "postcheck_smoke_env": {"CUDA_HOME": cuda, "MAX_JOBS": str(os.cpu_count() or 8)},
+        "ansible_python_interpreter": sys.executable,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "ansible",
+        "playbook",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        os.path.join(REPO, "tests/integration/playbooks/postcheck_device.yml"),
+        "-e",
+        json.dumps(extra),
+    ]
+    began = time.monotonic()
+    res = subprocess.run(cmd, text=True, capture_output=True, env=env, cwd=REPO)
+    wall = time.monotonic() - began
+    with open(os.path.join(out, f"playbook-run{run}.log"), "w") as log:
+        log.write(res.stdout + "\n--- stderr ---\n" + res.stderr)
+    host_files = sorted(glob.glob(f"{state}/results/postcheck-*.json"))
+    ctl_files = sorted(glob.glob(f"{ctl}/results/localhost/postcheck-*.json"))
+    result = None
+    if host_files:
+        shutil.copy(host_files[-1], os.path.join(out, f"postcheck-run{run}.json"))
+        with open(host_files[-1]) as handle:
+            result = json.load(handle)
+    return {
+        "rc": res.returncode,
+        "wall_s": round(wall, 1),
+        "host_file": host_files,
+        "controller_file": ctl_files,
+        "result": result,
+        "tail": res.stdout[-1500:],
+    }
+
+
+def summarize(run):
+    res = run["result"] or {}
+    smoke = res.get("smoke", {})
+    rows = {}
+    for name, check in smoke.get("host_checks", {}).items():
+        rows[name] = check["status"]
+    for gpu in smoke.get("gpus", []):
+        for name, check in gpu["checks"].items():
+            raw = check.get("raw", {})
+            rows[f"gpu{gpu['index']}.{name}"] = (
+                f"{check['status']} ({raw.get('seconds', '-')} s) {check['message'][:160]}"
+            )
+    if "allreduce" in smoke:
+        rows["nccl_allreduce"] = f"{smoke['allreduce']['status']} {smoke['allreduce']['message']}"
+    return {
+        "rc": run["rc"],
+        "playbook_wall_s": run["wall_s"],
+        "smoke_wall_s": smoke.get("wall_s"),
+        "passed": res.get("passed"),
+        "gates": {k: v["status"] for k, v in res.get("gates", {}).items()},
+        "failures": res.get("failures"),
+        "checks": rows,
+        "controller_file": run["controller_file"],
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--profile", default="cu130")
+    parser.add_argument("--budget-s", type=float, default=480)
+    parser.add_argument("--no-install", action="store_true", help="the interpreter already has the packages")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    began = time.monotonic()
+    os.environ.update(MULTICAST_OFF)
+    facts = {
+        "nvidia_smi": sh(
+            "nvidia-smi -L; nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,"
+            "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max --format=csv"
+        ).stdout,
+        "python": sys.executable,
+        "cuda_home": cuda_home(),
+        "nvcc": sh("nvcc --version | tail -2").stdout,
+    }
+    facts["wheels_rc"] = None if args.no_install else install_wheels()
+    # ansible-core refuses a non-UTF-8 locale
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collection_path(), PYTHONUNBUFFERED="1", LC_ALL="C.UTF-8")
+    env["PYTHONPATH"] = env["ANSIBLE_COLLECTIONS_PATH"] + os.pathsep + env.get("PYTHONPATH", "")
+    rec = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench/smoke_nvml_record.py"), os.path.join(args.out, "nvml-record.json")],
+        text=True,
+        capture_output=True,
+        env=env,
+    )
+    facts["nvml_record"] = (rec.stdout + rec.stderr)[-1500:]
+    summary = {"facts": facts, "runs": []}
+    for run in range(1, args.runs + 1):
+        if run > 1 and time.monotonic() - began > args.budget_s:
+            summary["runs"].append({"skipped": "out of time budget"})
+            break
+        result = playbook(args.out, run, args.profile, env, facts["cuda_home"])
+        summary["runs"].append(summarize(result))
+        if result["result"] is None:
+            print(result["tail"])
+    with open(os.path.join(args.out, "summary.json"), "w") as handle:
+        json.dump(summary, handle, indent=1)
+    print(json.dumps(summary, indent=1)[-9000:])
+
+
+if __name__ == "__main__":
+    main()
