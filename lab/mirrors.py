@@ -2,19 +2,24 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Lab mirrors: build the wheelhouses and the CUDA redist tree once, serve them on loopback.
 
-lab-main and lab-stale are pypiserver indexes (PEP 503 HTML with #sha256 fragments, plus pypiserver's
-``/<project>/json``; no PEP 691 JSON); redist is a static tree at ``/redist/`` with Last-Modified.
+lab-main and lab-stale are pypiserver indexes (PEP 503 HTML with #sha256 fragments, pypiserver's
+``/<project>/json``, Last-Modified and Range on files). pypiserver has no PEP 691 JSON: lab-main gets it
+from lab.serve.Pep691 (with PEP 700 size and upload-time); lab-stale is HTML-only on purpose.
+redist is a static tree at ``/redist/`` with Last-Modified.
 Servers are detached processes with pid files and JSON-lines access logs under .lab/mirrors/.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from lab import redist, wheels
@@ -24,10 +29,19 @@ RUN = MIRRORS / "run"
 LOGS = MIRRORS / "logs"
 
 
-def build(force: bool = False) -> dict:
+@contextlib.contextmanager
+def _locked():
+    """One lab command at a time changes the mirrors: tests, xdist workers and helpers share them."""
     MIRRORS.mkdir(parents=True, exist_ok=True)
+    with (MIRRORS / ".lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def build(force: bool = False) -> dict:
     t0 = time.monotonic()
-    out = {"wheels": wheels.build(MIRRORS, force=force), "redist": redist.build(MIRRORS / "redist", force=force)}
+    with _locked():
+        out = {"wheels": wheels.build(MIRRORS, force=force), "redist": redist.build(MIRRORS / "redist", force=force)}
     out["seconds"] = round(time.monotonic() - t0, 1)
     return out
 
@@ -38,7 +52,9 @@ def is_built() -> bool:
 
 def _servers(ports: dict[str, int]) -> dict[str, list[str]]:
     return {
-        "lab-main": ["--kind", "pypi", "--root", str(MIRRORS / "lab-main")],
+        # lab-main also answers PEP 691/700 JSON like the public index; lab-stale stays HTML-only (PEP 503,
+        # dates only from Last-Modified) like a static per-CUDA wheel index.
+        "lab-main": ["--kind", "pypi", "--root", str(MIRRORS / "lab-main"), "--pep691"],
         "lab-stale": ["--kind", "pypi", "--root", str(MIRRORS / "lab-stale")],
         "redist": ["--kind", "static", "--root", str(MIRRORS / "redist"), "--prefix", "/redist"],
     }
@@ -82,9 +98,24 @@ def _our_pid(name: str, port: int) -> int | None:
     return None
 
 
+def _answers(name: str, port: int) -> bool:
+    """Whether a server on the port answers like this mirror (e.g. one started from another checkout)."""
+    path = "/redist/" if name == "redist" else "/simple/"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 def start(ports: dict[str, int] | None = None) -> dict:
     """Start the three servers unless they already run; idempotent."""
     ports = ports or mirror_ports()
+    with _locked():
+        return _start(ports)
+
+
+def _start(ports: dict[str, int]) -> dict:
     if not is_built():
         raise RuntimeError("mirrors are not built: run `python -m lab mirrors build` first")
     RUN.mkdir(parents=True, exist_ok=True)
@@ -95,6 +126,9 @@ def start(ports: dict[str, int] | None = None) -> dict:
         if _our_pid(name, port):
             continue
         if port_open(port):
+            if _answers(name, port):
+                log(f"mirror {name}: 127.0.0.1:{port} already served by a process this lab did not start; using it")
+                continue
             raise RuntimeError(
                 f"mirror {name}: 127.0.0.1:{port} is in use by another process; "
                 f"stop it or choose another port ({'LAB_' + name.upper().replace('LAB-', '').replace('-', '_')}_PORT)"
@@ -135,16 +169,17 @@ def start(ports: dict[str, int] | None = None) -> dict:
 def stop(ports: dict[str, int] | None = None) -> list[str]:
     ports = ports or mirror_ports()
     stopped = []
-    for name, port in ports.items():
-        pid = _our_pid(name, port)
-        if pid:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(50):
-                if not Path(f"/proc/{pid}").exists():
-                    break
-                time.sleep(0.1)
-            stopped.append(name)
-        pid_file(name, port).unlink(missing_ok=True)
+    with _locked():
+        for name, port in ports.items():
+            pid = _our_pid(name, port)
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(50):
+                    if not port_open(port):
+                        break
+                    time.sleep(0.1)
+                stopped.append(name)
+            pid_file(name, port).unlink(missing_ok=True)
     return stopped
 
 

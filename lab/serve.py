@@ -5,7 +5,7 @@
 Each request becomes one JSON line in the access log (time, method, path, status, bytes sent,
 duration, Accept header), so tests and benchmarks can count what the mirrors served.
 
-    python -m lab.serve --kind pypi --root DIR --port 38100 --access-log FILE
+    python -m lab.serve --kind pypi --root DIR --port 38100 --access-log FILE [--pep691]
     python -m lab.serve --kind static --root DIR --prefix /redist --port 38102 --access-log FILE
 """
 
@@ -30,6 +30,8 @@ CHUNK = 1 << 20
 class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Several nodes installing at once open many connections; the default backlog of 5 would refuse some.
+    request_queue_size = 128
 
 
 class QuietHandler(WSGIRequestHandler):
@@ -136,6 +138,114 @@ def _file_chunks(path: Path):
             yield chunk
 
 
+JSON_V1 = "application/vnd.pypi.simple.v1+json"
+HTML_V1 = "application/vnd.pypi.simple.v1+html"
+
+
+def _wants_json(accept: str) -> bool:
+    """PEP 691 content negotiation: the highest q among the types we serve wins, JSON on a tie."""
+    best = {JSON_V1: -1.0, HTML_V1: -1.0, "text/html": -1.0}
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        q = 1.0
+        for f in fields[1:]:
+            if f.startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        if fields[0] in best:
+            best[fields[0]] = max(best[fields[0]], q)
+        elif fields[0] == "*/*":
+            best["text/html"] = max(best["text/html"], q)
+    return best[JSON_V1] > 0 and best[JSON_V1] >= max(best[HTML_V1], best["text/html"])
+
+
+class Pep691:
+    """PEP 691 JSON (with PEP 700 ``versions``, ``size``, ``upload-time`` from the file's mtime) in front of
+    pypiserver, which only speaks HTML. Requests that do not ask for JSON go to pypiserver unchanged."""
+
+    def __init__(self, app, root: Path):
+        self.app, self.root = app, root
+        self._hashes: dict[tuple[str, int, int], str] = {}
+        self.lock = threading.Lock()
+
+    def _sha256(self, path: Path, st) -> str:
+        key = (path.name, st.st_size, int(st.st_mtime))
+        with self.lock:
+            if key not in self._hashes:
+                import hashlib
+
+                self._hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+            return self._hashes[key]
+
+    def _files(self):
+        from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
+        for path in sorted(self.root.iterdir()):
+            try:
+                if path.name.endswith(".whl"):
+                    name, version, _, _ = parse_wheel_filename(path.name)
+                elif path.name.endswith((".tar.gz", ".zip")):
+                    name, version = parse_sdist_filename(path.name)
+                else:
+                    continue
+            except ValueError:
+                continue
+            yield canonicalize_name(name), version, path
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if not _wants_json(environ.get("HTTP_ACCEPT", "")) or not path.startswith("/simple/"):
+            return self.app(environ, start_response)
+        from packaging.utils import canonicalize_name
+
+        project = path[len("/simple/") :].strip("/")
+        if not project:
+            names = sorted({n for n, _, _ in self._files()})
+            body = {"meta": {"api-version": "1.1"}, "projects": [{"name": n} for n in names]}
+            return self._json(start_response, body)
+        if "/" in project:
+            return self.app(environ, start_response)
+        if canonicalize_name(project) != project or not path.endswith("/"):
+            start_response("301 Moved Permanently", [("Location", f"/simple/{canonicalize_name(project)}/")])
+            return [b""]
+        files, versions = [], set()
+        for name, version, fpath in self._files():
+            if name != project:
+                continue
+            st = fpath.stat()
+            versions.add(version)
+            upload = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(st.st_mtime)) + ".000000Z"
+            files.append(
+                {
+                    "filename": fpath.name,
+                    "url": f"/packages/{quote(fpath.name)}",
+                    "hashes": {"sha256": self._sha256(fpath, st)},
+                    "requires-python": None,
+                    "size": st.st_size,
+                    "upload-time": upload,
+                    "yanked": False,
+                }
+            )
+        if not files:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [f"Not Found ({project} does not exist)\n".encode()]
+        body = {
+            "meta": {"api-version": "1.1"},
+            "name": project,
+            "versions": [str(v) for v in sorted(versions)],
+            "files": files,
+        }
+        return self._json(start_response, body)
+
+    @staticmethod
+    def _json(start_response, body: dict):
+        data = json.dumps(body).encode()
+        start_response("200 OK", [("Content-Type", JSON_V1), ("Content-Length", str(len(data))), ("Vary", "Accept")])
+        return [data]
+
+
 def pypi_app(root: Path):
     import pypiserver
     from pypiserver.config import Config
@@ -156,8 +266,11 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--name", default="")
     ap.add_argument("--access-log", type=Path, required=True)
+    ap.add_argument("--pep691", action="store_true", help="also answer PEP 691/700 JSON (pypi kind)")
     args = ap.parse_args(argv)
     app = pypi_app(args.root) if args.kind == "pypi" else static_app(args.root, args.prefix)
+    if args.kind == "pypi" and args.pep691:
+        app = Pep691(app, args.root)
     logged = AccessLog(app, args.access_log, args.name or args.kind)
     httpd = make_server(args.host, args.port, logged, server_class=ThreadingWSGIServer, handler_class=QuietHandler)
     print(f"serving {args.kind} {args.root} on http://{args.host}:{args.port} (pid {os.getpid()})", flush=True)

@@ -108,6 +108,17 @@ def test_indexes_serve_expected_projects(lab_mirrors):
     assert stale_versions == {"0.2.14+cu130"}
 
 
+def test_main_index_answers_pep691_json_stale_index_html_only(lab_mirrors):
+    accept = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html; q=0.1, text/html; q=0.01"
+    main = json.loads(_get(f"{lab_mirrors.urls['lab-main']}/lab-sgl-kernel/", accept))
+    assert main["meta"]["api-version"] == "1.1"
+    assert set(main["versions"]) == {"0.3.16+cu128", "0.3.21+cu130"}
+    for f in main["files"]:
+        assert f["upload-time"].endswith("Z") and f["size"] > 0 and len(f["hashes"]["sha256"]) == 64
+    stale = _get(f"{lab_mirrors.urls['lab-stale']}/lab-flashinfer-python/", accept).decode()
+    assert stale.lstrip().startswith("<!DOCTYPE html>")
+
+
 def test_stale_index_files_are_months_old(lab_mirrors):
     import email.utils
     import time
