@@ -1,0 +1,95 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Verify a freshly built serving venv before anything switches to it. Runs with the venv's own Python (stdlib only).
+
+Usage: python verify_venv.py SPEC.json -> prints one JSON object; exit 1 when a check fails.
+SPEC: {"packages": {name: version}, "imports": [dist], "torch_like": [dist], "cuda_version": "13.0",
+       "local_tags": {dist: tag}, "same_version": [[dist, ...]]}
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import json
+import re
+import sys
+
+
+def canon(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def public(version):
+    return version.split("+", 1)[0]
+
+
+def top_level_modules(dist_name):
+    """Import names of a distribution: top_level.txt when the wheel has one, else the RECORD's top entries."""
+    dist = md.distribution(dist_name)
+    text = dist.read_text("top_level.txt")
+    if text:
+        return sorted({line.strip() for line in text.splitlines() if line.strip() and not line.startswith("_")})
+    names = set()
+    for path in dist.files or []:
+        parts = path.parts
+        if parts[0].endswith((".dist-info", ".data")) or parts[0] in ("__pycache__", "..") or parts[0].startswith("_"):
+            continue
+        if len(parts) > 1 and parts[-1] == "__init__.py" and len(parts) == 2:
+            names.add(parts[0])
+        elif len(parts) == 1 and parts[0].endswith(".py"):
+            names.add(parts[0][:-3])
+    return sorted(names)
+
+
+def main(spec_path):
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    failures, checks = [], {}
+    installed = {canon(d.metadata["Name"]): d.version for d in md.distributions()}
+    for name, version in spec["packages"].items():
+        have = installed.get(canon(name))
+        if have != version:
+            failures.append(f"{name}: installed {have or 'nothing'}, the lock says {version}")
+    checks["packages"] = len(spec["packages"])
+    for name, tag in spec.get("local_tags", {}).items():
+        have = installed.get(canon(name), "")
+        local = have.split("+", 1)[1] if "+" in have else ""
+        if local != tag:
+            failures.append(f"{name} {have}: CUDA local tag {local or '(none)'!r}, the profile requires {tag!r}")
+    modules = {}
+    for name in spec.get("imports", []):
+        try:
+            mods = top_level_modules(name)
+        except md.PackageNotFoundError:
+            failures.append(f"{name}: not installed")
+            continue
+        modules[name] = mods
+        for mod in mods:
+            try:
+                importlib.import_module(mod)
+            except Exception as exc:  # an import error of any kind makes the venv unusable
+                failures.append(f"import {mod} (from {name}) failed: {type(exc).__name__}: {exc}")
+    checks["imports"] = modules
+    for name in spec.get("torch_like", []):
+        for mod in modules.get(name, []):
+            try:
+                cuda = importlib.import_module(f"{mod}.version").cuda
+            except Exception as exc:
+                failures.append(f"{mod}.version.cuda unreadable: {exc}")
+                continue
+            checks[f"{mod}.version.cuda"] = cuda
+            if spec.get("cuda_version") and cuda != spec["cuda_version"]:
+                failures.append(f"{mod}.version.cuda is {cuda!r}, the profile's CUDA is {spec['cuda_version']!r}")
+    for group in spec.get("same_version", []):
+        versions = {name: installed.get(canon(name)) for name in group}
+        if len({public(v) for v in versions.values() if v}) != 1 or not all(versions.values()):
+            shown = ", ".join(f"{n} {v}" for n, v in versions.items())
+            failures.append(f"same-version group does not match: {shown}")
+        checks["same_version"] = [*checks.get("same_version", []), versions]
+    print(json.dumps({"ok": not failures, "failures": failures, "checks": checks}, sort_keys=True))
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

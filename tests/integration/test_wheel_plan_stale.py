@@ -1,0 +1,207 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The pivotal situation of the CUDA 13 upgrade, reproduced with two real index servers (pypiserver) on loopback.
+
+One index (standing in for PyTorch's cu130 nightly index) carries only a months-old flashinfer 0.2.14 build; the
+other (flashinfer's own cu130 index) carries a recent 0.6.4. The plan must pick 0.6.4 and name the stale source.
+The wheelhouses are built here, so the test does not depend on the lab.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _index as ix
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _wheels as w
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheel_plan as wp
+
+DAY = 86400
+TARGET = w.Target("3.11", "x86_64-manylinux_2_36")
+PYPI_SERVER = Path(sys.executable).with_name("pypi-server")
+
+
+def build_wheel(folder: Path, name: str, version: str, age_days: int, requires=(), meta_version=None) -> Path:
+    """A small but real wheel (installable by uv), its file dated ``age_days`` ago (the index's Last-Modified)."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{dist}/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+            name, meta_version or version, "".join(f"Requires-Dist: {r}\n" for r in requires)
+        ),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: gpufleet-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, text in files.items():
+            zf.writestr(member, text)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{member},sha256={digest},{len(text)}")
+        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    stamp = time.time() - age_days * DAY
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class IndexServer:
+    def __init__(self, root: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/simple"
+        self.log = root.with_suffix(".log")
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [str(PYPI_SERVER), "run", "-i", "127.0.0.1", "-p", str(self.port), "--disable-fallback", str(root)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(self.url + "/", timeout=2).read()
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"pypiserver on {self.url} did not start: {self.log.read_text()[-2000:]}")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory):
+    if not PYPI_SERVER.exists() or shutil.which("uv", path=str(PYPI_SERVER.parent)) is None:
+        pytest.skip("needs pypiserver and uv in the tooling venv")
+    base = tmp_path_factory.mktemp("indexes")
+    nightly, own = base / "nightly", base / "own"
+    nightly.mkdir()
+    own.mkdir()
+    # The nightly index stopped at 0.2.14 months ago; flashinfer's own index has a recent 0.6.4 (and the old one).
+    for pkg in ("flashinfer-python", "flashinfer-cubin"):
+        build_wheel(nightly, pkg, "0.2.14", age_days=250)
+        build_wheel(own, pkg, "0.2.14", age_days=250)
+        build_wheel(own, pkg, "0.6.4", age_days=20)
+    build_wheel(nightly, "flashinfer-jit-cache", "0.2.14+cu130", age_days=250)
+    build_wheel(own, "flashinfer-jit-cache", "0.6.4+cu130", age_days=20)
+    build_wheel(own, "flashinfer-jit-cache", "0.6.3+cu130", age_days=40, meta_version="0.6.3")
+    build_wheel(own, "six", "1.17.0", age_days=300)
+    build_wheel(own, "uv", "0.13.8", age_days=30)
+    servers = {"nightly": IndexServer(nightly), "own": IndexServer(own)}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def profile(indexes, spec=">=0.2", allow_stale=False, order=("nightly", "own")):
+    pkgs = [
+        {"name": n, "spec": spec, "indexes": list(order)}
+        for n in ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+    ]
+    pkgs[2]["local_tag"] = "cu130"
+    return {
+        "name": "stale-test",
+        "python": {"version": "3.11"},
+        "wheels": {
+            "indexes": [{"name": k, "url": s.url} for k, s in indexes.items()],
+            "packages": pkgs,
+            "rules": {
+                "same_version": [["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]],
+                "max_age_days": 240,
+                "stale_gap_days": 60,
+                "allow_stale": allow_stale,
+            },
+        },
+    }
+
+
+def test_plan_picks_the_recent_build_and_names_the_stale_source(indexes):
+    fetcher = ix.Fetcher(timeout=10)
+    lock = wp.make_lock(profile(indexes), TARGET, fetcher, wp.find_uv())
+    chosen = {e["name"]: e for e in lock["packages"] if e["role"] == "profile"}
+    assert {e["version"] for e in chosen.values()} == {"0.6.4", "0.6.4+cu130"}
+    assert all(e["index"] == "own" for e in chosen.values())
+    assert all(e["url"].startswith(indexes["own"].url.rsplit("/simple", 1)[0]) for e in chosen.values())
+    report = lock["report"]["flashinfer-jit-cache"]
+    assert report["stale_sources"] == ["nightly"]
+    assert "days behind index 'own'" in report["sources"]["nightly"]["reason"]
+    text = "\n".join(wp.report_lines(lock))
+    assert "source nightly: 1 file(s), newest build" in text and "STALE" in text
+    # dates came from the files' Last-Modified (pypiserver has no PEP 700 upload-time)
+    assert {c["date_source"] for c in report["candidates"]} == {"last-modified"}
+
+
+def test_metadata_disagreeing_with_file_name_is_rejected_on_a_real_index(indexes):
+    prof = profile(indexes, spec="<0.6.4", order=("own",))
+    prof["wheels"]["rules"]["same_version"] = []
+    prof["wheels"]["packages"] = [prof["wheels"]["packages"][2]]
+    with pytest.raises(w.PlanError) as err:
+        wp.make_lock(prof, TARGET, ix.Fetcher(timeout=10), wp.find_uv())
+    assert "METADATA version 0.6.3 disagrees with the file name's 0.6.3+cu130" in str(err.value)
+
+
+def test_stale_only_source_is_refused_with_candidates(indexes):
+    with pytest.raises(w.PlanError) as err:
+        wp.make_lock(
+            profile(indexes, spec="==0.2.14", order=("nightly",)), TARGET, ix.Fetcher(timeout=10), wp.find_uv()
+        )
+    msg = str(err.value)
+    assert "no build of flashinfer-python satisfies spec ==0.2.14" in msg
+    assert "stale source 'nightly'" in msg and "max_age_days 240" in msg
+
+
+def test_allow_stale_takes_the_old_build_and_still_reports_it(indexes):
+    lock = wp.make_lock(
+        profile(indexes, spec="==0.2.14", allow_stale=True, order=("nightly",)),
+        TARGET,
+        ix.Fetcher(timeout=10),
+        wp.find_uv(),
+    )
+    assert {e["version"] for e in lock["packages"] if e["role"] == "profile"} == {"0.2.14", "0.2.14+cu130"}
+    assert lock["report"]["flashinfer-python"]["stale_sources"] == ["nightly"]
+
+
+def test_index_unreachable_names_the_index(indexes):
+    prof = profile(indexes)
+    prof["wheels"]["indexes"][0]["url"] = f"http://127.0.0.1:{free_port()}/simple"
+    with pytest.raises(ix.IndexUnreachable, match="index 'nightly'"):
+        wp.make_lock(prof, TARGET, ix.Fetcher(timeout=5), wp.find_uv())
+
+
+def test_python_version_without_wheels_fails(indexes, tmp_path):
+    # Only py3-none-any wheels here: make one cp312-only wheel the sole candidate.
+    prof = profile(indexes)
+    prof["wheels"]["packages"] = [{"name": "six", "spec": ">=1", "indexes": ["own"]}]
+    with pytest.raises(w.PlanError, match=r"requires Python|do not fit"):
+        wp.make_lock(prof, w.Target("2.7", TARGET.platform), ix.Fetcher(timeout=10), wp.find_uv())
+
+
+def test_wheelhouse_fetches_each_wheel_once_and_reuses_it(indexes, tmp_path):
+    lock = wp.make_lock(profile(indexes), TARGET, ix.Fetcher(timeout=10), wp.find_uv())
+    first = wp.fetch_wheelhouse(ix.Fetcher(timeout=10), lock, str(tmp_path / "wh"))
+    names = sorted(e["filename"] for e in lock["packages"] + lock["tools"])
+    assert sorted(first["fetched"]) == names and first["reused"] == []
+    second_fetcher = ix.Fetcher(timeout=10)
+    second = wp.fetch_wheelhouse(second_fetcher, lock, str(tmp_path / "wh"))
+    assert second["fetched"] == [] and sorted(second["reused"]) == names
+    assert second_fetcher.requests == 0
+    assert wp.verify_wheelhouse(lock, str(tmp_path / "wh")) == []
