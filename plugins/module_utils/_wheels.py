@@ -458,13 +458,12 @@ def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Tar
 
     for _round in range(10 * len(keys) + 10):
         pools = {k: pool(k) for k in order}
-        for group in rules.same_version:
-            _apply_group(group, pools, states, constraints, banned)
-        chosen = {}
         for key in order:
             if not pools[key]:
                 raise PlanError(no_build_message(states[key], banned, constraints[key]))
-            chosen[key] = pools[key][0]
+        for group in rules.same_version:
+            _apply_group(group, pools, states, constraints, banned)
+        chosen = {key: pools[key][0] for key in order}
         changed = False
         for cand in chosen.values():
             if cand.filename not in meta_cache:
