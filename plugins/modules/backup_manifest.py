@@ -49,7 +49,9 @@ options:
     type: path
     required: true
   venv_lock_names:
-    description: Lock files (with hashes) inside the venv to prefer over a freeze, first found wins.
+    description:
+      - Lock files (with hashes) to prefer over a freeze, first found wins. Relative paths are inside the venv;
+        C({venv_name}) stands for the venv's folder name.
     type: list
     elements: str
     default: []
@@ -173,7 +175,7 @@ def read_pyvenv(venv):
 def venv_lock(module, venv):
     """(source, text) of the venv's exact package list."""
     for name in module.params["venv_lock_names"]:
-        candidate = os.path.join(venv, name)
+        candidate = os.path.join(venv, name.replace("{venv_name}", os.path.basename(venv)))
         if os.path.isfile(candidate):
             with open(candidate, encoding="utf-8") as handle:
                 return name, handle.read()
