@@ -9,14 +9,14 @@ DOCUMENTATION = r"""
 module: cuda_redist_fetch
 short_description: Fetch NVIDIA's redist manifest and archives once into a controller-side cache
 description:
-  - Meant to run once per play on the controller (C(delegate_to: localhost), C(run_once: true)).
+  - Meant to run once per play on the controller (C(delegate_to=localhost), C(run_once=true)).
   - Reads C(redistrib_<release>.json) from O(base_url) (or the cache), checks that every component in
     O(components) exists for the platform of every host in O(hosts), and with O(download) fetches each
     archive not yet in O(cache_dir), verifying size and sha256 against the manifest before keeping it.
   - Cached archives are verified again each run; a bad one is fetched anew. A partial download is never kept.
   - Errors say which host, which value and what to do (wrong release, unknown component, platform missing
     from the manifest, mirror unreachable or answering HTML, truncated or altered archive).
-  - In check mode nothing is written: the manifest is read into memory and the archives that would be
+  - In check mode nothing is written; the manifest is read into memory and the archives that would be
     fetched are reported.
 version_added: 0.1.0
 options:
@@ -106,6 +106,7 @@ import http.client
 import os
 import tempfile
 import urllib.error
+import urllib.parse
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
@@ -138,6 +139,8 @@ class Fetcher:
             ) from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, FileNotFoundError) and what == "manifest":
+                raise self.unknown_release(url) from exc
             raise rd.RedistError(
                 f"cannot reach the redist mirror at {url} ({reason}); start the mirror or set gpufleet_redist_url"
                 " to one the controller can reach",
@@ -147,9 +150,11 @@ class Fetcher:
     def unknown_release(self, url):
         listed = []
         try:
-            listed = rd.releases_in_listing(
-                open_url(self.base + "/", timeout=self.p["timeout"]).read(1 << 20).decode("utf-8", "replace")
-            )
+            if self.base.startswith("file://"):
+                text = " ".join(os.listdir(urllib.parse.urlparse(self.base).path))
+            else:
+                text = open_url(self.base + "/", timeout=self.p["timeout"]).read(1 << 20).decode("utf-8", "replace")
+            listed = rd.releases_in_listing(text)
         except Exception:  # the listing is only a hint for the message
             pass
         known = f"; the mirror lists {', '.join(listed)}" if listed else ""

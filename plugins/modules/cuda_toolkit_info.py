@@ -13,7 +13,7 @@ description:
     C(nvcc --version)) and the components C(version.json) names.
   - Reports where the C(cuda) link points, the C(update-alternatives) choice for O(alternatives_name),
     and which toolkit a given O(cuda_home) resolves to.
-  - Given O(release) and O(components), judges the target directory C(<root>/cuda-<version>) (O(version)):
+  - Given O(release) and O(components), judges the target directory C(<root>/cuda-<version>) (O(version)) as one of
     C(absent), C(present), C(incomplete) (installed by this collection, components missing),
     C(other_release) (installed by this collection, another patch release), C(foreign) (a toolkit
     installed otherwise that does not match), or C(not_a_toolkit).
@@ -85,7 +85,7 @@ toolkits:
     nvcc: {description: "C(release)/C(version) that C(nvcc --version) printed, C(ok) whether it ran.", type: dict}
     managed: {description: Installed by this collection (it left its marker file)., type: bool}
 link:
-  description: The C(cuda) link: C(path), C(exists), C(is_link), C(target) (one hop), C(resolved) (final path).
+  description: The C(cuda) link, with C(path), C(exists), C(is_link), C(target) (one hop), C(resolved) (final path).
   returned: always
   type: dict
 alternatives:
