@@ -183,9 +183,15 @@ def main() -> int:
     ap.add_argument("--stack", default="lab-cu128")
     ap.add_argument("--timeout", type=float, default=60)
     args = ap.parse_args()
+    timing = {}
+    t = time.monotonic()
     install_cuda(args.redist_url.rstrip("/"))
     link(Path("/usr/local/cuda"), str(CUDA_ROOT))
+    timing["cuda_s"] = round(time.monotonic() - t, 1)
+    t = time.monotonic()
     have_sglang = build_venv(args.index_url.rstrip("/"))
+    timing["venv_s"] = round(time.monotonic() - t, 1)
+    t = time.monotonic()
     write_serving(args.serving_port, args.stack)
     if have_sglang:
         start_serving(args.serving_port, args.timeout)
@@ -193,7 +199,8 @@ def main() -> int:
         subprocess.run(["systemctl", "daemon-reload"], check=True)
         subprocess.run(["systemctl", "enable", f"{UNIT}.service"], check=True, capture_output=True)
         say("lab-sglang is not on the index yet: unit written and enabled, not started")
-    print(json.dumps({"seeded": True, "serving_started": have_sglang}))
+    timing["serving_s"] = round(time.monotonic() - t, 1)
+    print(json.dumps({"seeded": True, "serving_started": have_sglang, "timing": timing}))
     return 0
 
 
