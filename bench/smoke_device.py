@@ -60,14 +60,18 @@ def cuda_home():
     return os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else "/usr/local/cuda"
 
 
-def playbook(out, run, profile, env, cuda):
+def playbook(out, run, profile, env, cuda, fault=""):
     state, ctl = f"/tmp/pc-state-{run}", f"/tmp/pc-ctl-{run}"
+    smoke_env = {"CUDA_HOME": cuda, "MAX_JOBS": str(os.cpu_count() or 8)}
+    if fault:  # proof that the gate catches a slightly wrong kernel on this GPU
+        smoke_env["GPUFLEET_SMOKE_INJECT_FAULT"] = fault
     extra = {
         "gpufleet_stack_profile": profile,
         "postcheck_state_dir": state,
         "gpufleet_controller_dir": ctl,
         "postcheck_smoke_python": sys.executable,
-        "postcheck_smoke_env": {"CUDA_HOME": cuda, "MAX_JOBS": str(os.cpu_count() or 8)},
+        "postcheck_smoke_env": smoke_env,
+        "postcheck_expected_gpu_count": int(env.get("GPUFLEET_EXPECTED_GPUS", "0")),
         "ansible_python_interpreter": sys.executable,
     }
     cmd = [
@@ -134,7 +138,10 @@ def summarize(run):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=2, help="clean runs: the first compiles, later ones are warm")
+    parser.add_argument(
+        "--fault", default="bf16_matmul,flashinfer_batch_decode", help="checks to corrupt in a last run"
+    )
     parser.add_argument("--profile", default="cu130")
     parser.add_argument("--budget-s", type=float, default=480)
     parser.add_argument("--no-install", action="store_true", help="the interpreter already has the packages")
@@ -163,12 +170,13 @@ def main():
     )
     facts["nvml_record"] = (rec.stdout + rec.stderr)[-1500:]
     summary = {"facts": facts, "runs": []}
-    for run in range(1, args.runs + 1):
+    plan = [""] * args.runs + ([args.fault] if args.fault else [])
+    for run, fault in enumerate(plan, start=1):
         if run > 1 and time.monotonic() - began > args.budget_s:
-            summary["runs"].append({"skipped": "out of time budget"})
-            break
-        result = playbook(args.out, run, args.profile, env, facts["cuda_home"])
-        summary["runs"].append(summarize(result))
+            summary["runs"].append({"skipped": "out of time budget", "fault": fault})
+            continue
+        result = playbook(args.out, run, args.profile, env, facts["cuda_home"], fault)
+        summary["runs"].append(dict(summarize(result), fault=fault))
         if result["result"] is None:
             print(result["tail"])
     with open(os.path.join(args.out, "summary.json"), "w") as handle:

@@ -42,6 +42,16 @@ class MissingPackage(Exception):
         self.detail = detail
 
 
+def inject_fault(name, out):
+    """GPUFLEET_SMOKE_INJECT_FAULT=check[,check] perturbs those outputs by about 3 %: proof that the gate catches
+    a slightly wrong kernel, on any machine. Never set outside such a test."""
+    if name not in os.environ.get("GPUFLEET_SMOKE_INJECT_FAULT", "").split(","):
+        return out
+    torch = need("torch")
+    noise = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device, out.dtype)
+    return out + 0.03 * out.float().abs().mean().to(out.dtype) * noise
+
+
 def emit(obj):
     sys.stdout.write(json.dumps(obj, default=str) + "\n")
     sys.stdout.flush()
@@ -136,7 +146,7 @@ def check_bf16_matmul(index, device_kind, matmul_size, **_):
     gen = torch.Generator(device=device).manual_seed(1234 + index)
     a = torch.randn(n, n, device=device, generator=gen).to(torch.bfloat16)
     b = torch.randn(n, n, device=device, generator=gen).to(torch.bfloat16)
-    out = a @ b
+    out = inject_fault("bf16_matmul", a @ b)
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be true fp32
     try:
@@ -175,7 +185,7 @@ def check_flashinfer_single_decode(index, device_kind, **_):
     fi = _flashinfer()
     device = _device(index, device_kind)
     q, k, v = _attention_inputs(device, 1, 2048, 32, 8, 128, seed=11)
-    out = fi.single_decode_with_kv_cache(q[0], k, v)
+    out = inject_fault("flashinfer_single_decode", fi.single_decode_with_kv_cache(q[0], k, v))
     ref = reference_attention(q, k, v)[0]
     _sync(device)
     return {"shape": {"kv_len": 2048, "heads_q": 32, "heads_kv": 8, "head_dim": 128}, **error_stats(out, ref)}
@@ -185,7 +195,7 @@ def check_flashinfer_single_prefill(index, device_kind, **_):
     fi = _flashinfer()
     device = _device(index, device_kind)
     q, k, v = _attention_inputs(device, 384, 512, 32, 8, 128, seed=12)
-    out = fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+    out = inject_fault("flashinfer_single_prefill", fi.single_prefill_with_kv_cache(q, k, v, causal=True))
     ref = reference_attention(q, k, v, causal=True)
     _sync(device)
     shape = {"qo_len": 384, "kv_len": 512, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "causal": True}
@@ -222,7 +232,7 @@ def check_flashinfer_batch_decode(index, device_kind, **_):
         q_data_type=torch.bfloat16,
         kv_data_type=torch.bfloat16,
     )
-    out = wrapper.run(q, cache)
+    out = inject_fault("flashinfer_batch_decode", wrapper.run(q, cache))
     refs = []
     for i, n in enumerate(kv_lens):
         ids = indices[indptr[i] : indptr[i + 1]].long()

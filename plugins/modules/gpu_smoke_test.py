@@ -21,7 +21,8 @@ description:
     with the right sum and its bus bandwidth."
   - "Tolerances: C(bf16_matmul) relative Frobenius error <= O(tolerances.matmul_rel_err) (default 0.01) and cosine >=
     O(tolerances.min_cosine) (default 0.999); attention checks max abs error <= O(tolerances.attention_atol)
-    (default 0.02, bf16 inputs and outputs against an fp32 reference) and the same cosine."
+    (default 0.02), relative error <= O(tolerances.attention_rel_err) (default 0.02) (bf16 inputs and outputs
+    against an fp32 reference) and the same cosine."
   - A check that cannot run because a package is missing fails when the package is in O(required_packages)
     and is reported skipped with the reason otherwise.
   - Every environment the module builds keeps NVLink multicast off (C(NCCL_NVLS_ENABLE=0),
@@ -77,6 +78,10 @@ options:
         default: 0.01
       attention_atol:
         description: Largest absolute error of an attention output.
+        type: float
+        default: 0.02
+      attention_rel_err:
+        description: Largest relative Frobenius error of an attention output.
         type: float
         default: 0.02
       min_cosine:
@@ -197,14 +202,14 @@ env:
   type: dict
 """
 
-import inspect  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import time  # noqa: E402
+import inspect
+import os
+import socket
+import time
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "default": "/opt/gpufleet/serving/current"},
@@ -221,6 +226,7 @@ ARGUMENT_SPEC = {
         "options": {
             "matmul_rel_err": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["matmul_rel_err"]},
             "attention_atol": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["attention_atol"]},
+            "attention_rel_err": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["attention_rel_err"]},
             "min_cosine": {"type": "float", "default": _smoke.DEFAULT_TOLERANCES["min_cosine"]},
         },
     },

@@ -162,11 +162,11 @@ gpus:
       notes: []
 """
 
-import socket  # noqa: E402
+import socket
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
 
 THRESHOLD_SPEC = {
     "max_uncorrectable_ecc": {"type": "int", "default": 0},
