@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Wait until a serving unit answers GET /health with 200; give up early when the unit has died.
+
+Usage: wait_healthy.py URL UNIT TIMEOUT_S. Prints one JSON line; exit 0 healthy, 2 timeout, 3 unit failed.
+Polling the unit's state too is the point: a crashed server is reported at once instead of after the
+whole health timeout (which is minutes for a real model).
+"""
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def unit_state(unit):
+    out = subprocess.run(
+        ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,ExecMainStatus"],
+        capture_output=True, text=True, check=False,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def health(opener, url):
+    try:
+        with opener.open(url, timeout=5) as resp:
+            return resp.status == 200, f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}"
+    except Exception as exc:  # connection refused while the server loads is expected
+        return False, f"{exc.__class__.__name__}: {getattr(exc, 'reason', exc)}"
+
+
+def main():
+    url, unit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    start = time.monotonic()
+    seen = "no answer yet"
+    while True:
+        ok, seen = health(opener, url)
+        waited = round(time.monotonic() - start, 1)
+        if ok:
+            print(json.dumps({"healthy": True, "waited_s": waited, "url": url}))
+            return 0
+        state = unit_state(unit)
+        restarting = state.get("SubState") == "auto-restart" or state.get("NRestarts", "0") not in ("", "0")
+        if state.get("ActiveState") in ("failed", "inactive") or restarting:
+            print(json.dumps({"healthy": False, "waited_s": waited, "url": url, "unit": state,
+                              "reason": f"unit {unit} is {state.get('ActiveState')}/{state.get('SubState')} "
+                                        f"(result {state.get('Result')}, exit status "
+                                        f"{state.get('ExecMainStatus')}, restarts {state.get('NRestarts')})"}))
+            return 3
+        if waited >= timeout:
+            print(json.dumps({"healthy": False, "waited_s": waited, "url": url, "unit": state,
+                              "reason": f"no 200 from {url} within {timeout:g}s (last: {seen})"}))
+            return 2
+        time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
