@@ -180,7 +180,7 @@ def up(n: int, name: str = "lab", ports: dict[str, int] | None = None, do_seed: 
         if nd and container_state(node) == "running":
             continue
         if container_state(node) is not None:
-            podman("rm", "-f", "-t", "1", node)
+            remove(node)
         ssh_port = free_port(taken)
         taken.add(ssh_port)
         serving_port = free_port(taken)
@@ -257,10 +257,21 @@ def list_nodes(name: str | None = None) -> list[dict]:
     return [{"name": r["Names"][0], "state": r.get("State"), "lab": r.get("Labels", {}).get(LABEL)} for r in rows]
 
 
+def remove(node: str) -> None:
+    """``podman rm -f -t 1``, retried: podman 4.3 can fail with "container state improper" when the
+    container stops on its own while being killed."""
+    for _ in range(5):
+        res = podman("rm", "-f", "-t", "1", node, check=False)
+        if container_state(node) is None:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{node}: podman rm failed: {res.stderr.strip()}")
+
+
 def down(name: str = "lab") -> list[str]:
     gone = [r["name"] for r in list_nodes(name)]
-    if gone:
-        podman("rm", "-f", "-t", "1", *gone)
+    with ThreadPoolExecutor(max_workers=max(1, len(gone))) as pool:
+        list(pool.map(remove, gone))
     for path in (lab_dir(name) / "nodes.json", lab_dir(name) / "inventory.yml"):
         path.unlink(missing_ok=True)
     shutil.rmtree(lab_dir(name) / "nodes", ignore_errors=True)
