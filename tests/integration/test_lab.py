@@ -152,3 +152,79 @@ def test_redist_manifests_match_archives(lab_mirrors):
             )
     served = lab_mirrors.requests("redist")
     assert any(r["path"].endswith("-archive.tar.xz") and r["bytes"] > 0 for r in served)
+
+
+def test_wheel_metadata_matches_file_names(lab_mirrors):
+    import zipfile
+
+    from lab.common import MIRRORS
+
+    wheels = sorted((MIRRORS / "lab-main").glob("lab_*.whl")) + sorted((MIRRORS / "lab-stale").glob("*.whl"))
+    assert len(wheels) >= 15
+    for wheel in wheels:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        with zipfile.ZipFile(wheel) as zf:
+            meta = zf.read(f"{wheel.name.split('-')[0]}-{version}.dist-info/METADATA").decode()
+        assert f"\nName: {name}\n" in meta, wheel.name
+        assert f"\nVersion: {version}\n" in meta, wheel.name
+
+
+def _import_with(tmp_path, wheel_names: list[str], module: str):
+    """Import ``module`` in a fresh interpreter that sees only the given lab wheels (pure Python, unzipped)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from lab.common import MIRRORS
+
+    site = tmp_path / "site"
+    site.mkdir(parents=True)
+    for wn in wheel_names:
+        zipfile.ZipFile(MIRRORS / "lab-main" / wn).extractall(site)
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); import {module}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_flashinfer_trio_is_enforced_at_import(lab_mirrors, tmp_path):
+    ok = _import_with(
+        tmp_path / "ok",
+        [
+            "lab_flashinfer_python-0.6.4-py3-none-any.whl",
+            "lab_flashinfer_cubin-0.6.4-py3-none-any.whl",
+            "lab_flashinfer_jit_cache-0.6.4+cu130-py3-none-any.whl",
+        ],
+        "lab_flashinfer",
+    )
+    assert ok.returncode == 0, ok.stderr
+    bad = _import_with(
+        tmp_path / "bad",
+        [
+            "lab_flashinfer_python-0.6.4-py3-none-any.whl",
+            "lab_flashinfer_cubin-0.6.4-py3-none-any.whl",
+            "lab_flashinfer_jit_cache-0.2.14+cu128-py3-none-any.whl",
+        ],
+        "lab_flashinfer",
+    )
+    assert bad.returncode != 0
+    assert "RuntimeError: lab-flashinfer-jit-cache version (0.2.14+cu128) does not match" in bad.stderr
+
+
+def test_sgl_kernel_refuses_another_torch(lab_mirrors, tmp_path):
+    good = _import_with(
+        tmp_path / "good",
+        ["lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl", "lab_torch-2.11.0+cu130-py3-none-any.whl"],
+        "lab_sgl_kernel",
+    )
+    assert good.returncode == 0, good.stderr
+    bad = _import_with(
+        tmp_path / "bad",
+        ["lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl", "lab_torch-2.9.1+cu128-py3-none-any.whl"],
+        "lab_sgl_kernel",
+    )
+    assert "ImportError: lab_sgl_kernel 0.3.21+cu130 was built against lab-torch 2.11.0" in bad.stderr
