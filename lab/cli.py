@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("image", help="build the node image (cached by recipe hash)")
     p.add_argument("--force", action="store_true")
     p = sub.add_parser("mirrors", help="build / start / stop / status of the loopback mirrors")
-    p.add_argument("action", choices=["build", "start", "stop", "status"])
+    p.add_argument("action", choices=["build", "start", "stop", "restart", "status"])
     p.add_argument("--force", action="store_true", help="rebuild even when the recipe is unchanged")
     _add_ports(p)
     p = sub.add_parser("up", help="create N seeded nodes and an inventory")
@@ -57,6 +57,8 @@ def main(argv=None) -> int:
                 out = mirrors.build(force=args.force)
             elif args.action == "start":
                 out = mirrors.start(ports)
+            elif args.action == "restart":
+                out = mirrors.restart(ports)
             elif args.action == "stop":
                 out = {"stopped": mirrors.stop(ports)}
             else:

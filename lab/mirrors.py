@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from lab import redist, wheels
-from lab.common import MIRRORS, REPO, log, mirror_ports, mirror_urls, port_open
+from lab.common import MIRRORS, REPO, hash_paths, log, mirror_ports, mirror_urls, port_open
 
 RUN = MIRRORS / "run"
 LOGS = MIRRORS / "logs"
@@ -85,11 +85,20 @@ def read_access_log(name: str, port: int | None = None, since: float = 0.0) -> l
     return rows
 
 
+def _code_hash() -> str:
+    return hash_paths([Path(__file__).with_name("serve.py")])[:12]
+
+
+def _started_code(name: str, port: int) -> str | None:
+    lines = pid_file(name, port).read_text().split() if pid_file(name, port).exists() else []
+    return lines[1] if len(lines) > 1 else None
+
+
 def _our_pid(name: str, port: int) -> int | None:
     """The pid from the pid file if that process is still our server (pids get reused)."""
     pf = pid_file(name, port)
     try:
-        pid = int(pf.read_text().strip())
+        pid = int(pf.read_text().split()[0])
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
@@ -154,7 +163,7 @@ def _start(ports: dict[str, int]) -> dict:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        pid_file(name, port).write_text(f"{proc.pid}\n")
+        pid_file(name, port).write_text(f"{proc.pid}\n{_code_hash()}\n")
         started.append((name, port, proc))
     deadline = time.monotonic() + 20
     for name, port, proc in started:
@@ -166,20 +175,32 @@ def _start(ports: dict[str, int]) -> dict:
     return {"started": [n for n, _, _ in started], "urls": mirror_urls(ports)}
 
 
+def restart(ports: dict[str, int] | None = None) -> dict:
+    """Stop and start under one lock (the gap is well under a second), e.g. after lab/serve.py changed."""
+    ports = ports or mirror_ports()
+    with _locked():
+        stopped = _stop(ports)
+        return {"stopped": stopped, **_start(ports)}
+
+
 def stop(ports: dict[str, int] | None = None) -> list[str]:
     ports = ports or mirror_ports()
-    stopped = []
     with _locked():
-        for name, port in ports.items():
-            pid = _our_pid(name, port)
-            if pid:
-                os.kill(pid, signal.SIGTERM)
-                for _ in range(50):
-                    if not port_open(port):
-                        break
-                    time.sleep(0.1)
-                stopped.append(name)
-            pid_file(name, port).unlink(missing_ok=True)
+        return _stop(ports)
+
+
+def _stop(ports: dict[str, int]) -> list[str]:
+    stopped = []
+    for name, port in ports.items():
+        pid = _our_pid(name, port)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(50):
+                if not port_open(port):
+                    break
+                time.sleep(0.1)
+            stopped.append(name)
+        pid_file(name, port).unlink(missing_ok=True)
     return stopped
 
 
@@ -193,6 +214,8 @@ def status(ports: dict[str, int] | None = None) -> dict:
             "url": urls[name],
             "port": port,
             "pid": _our_pid(name, port),
+            # False: the server runs an older lab/serve.py; `mirrors restart` picks the new one up.
+            "code_current": _started_code(name, port) == _code_hash() if _our_pid(name, port) else None,
             "listening": port_open(port),
             "requests": len(rows),
             "bytes_served": sum(r.get("bytes") or 0 for r in rows),
