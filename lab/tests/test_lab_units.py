@@ -1,0 +1,169 @@
+# Copyright: (c) 2026, gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Unit tests of the lab's pure parts (no podman, no network): `.venv/bin/pytest lab/tests`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from email.utils import formatdate
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import pytest
+
+from lab import redist, serve
+from lab.common import replace_dir
+
+
+def call(app, path: str, **headers) -> tuple[str, dict, bytes]:
+    environ = {"PATH_INFO": path, "REQUEST_METHOD": headers.pop("method", "GET")}
+    environ.update({f"HTTP_{k.upper()}": v for k, v in headers.items()})
+    setup_testing_defaults(environ)
+    environ["PATH_INFO"] = path
+    seen = {}
+
+    def start_response(status, hdrs, exc_info=None):
+        seen["status"], seen["headers"] = status, dict(hdrs)
+
+    body = b"".join(app(environ, start_response))
+    return seen["status"], seen["headers"], body
+
+
+PIP_ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html; q=0.1, text/html; q=0.01"
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        (PIP_ACCEPT, True),
+        ("application/vnd.pypi.simple.v1+json", True),
+        ("text/html", False),
+        ("*/*", False),
+        ("", False),
+        ("application/vnd.pypi.simple.v1+json; q=0.2, text/html", False),
+        ("application/vnd.pypi.simple.v1+json; q=0", False),
+    ],
+)
+def test_wants_json_follows_q_values(accept, expected):
+    assert serve._wants_json(accept) is expected
+
+
+def _wheel(root: Path, name: str, age_days: float = 0) -> Path:
+    path = root / name
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x/__init__.py", name)
+    stamp = time.time() - age_days * 86400
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def _inner(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/html")])
+    return [b"<html>pypiserver</html>"]
+
+
+def test_pep691_lists_files_with_size_hash_and_upload_time(tmp_path):
+    _wheel(tmp_path, "lab_torch-2.9.1+cu128-py3-none-any.whl", age_days=300)
+    _wheel(tmp_path, "lab_torch-2.11.0+cu130-py3-none-any.whl")
+    _wheel(tmp_path, "six-1.16.0-py2.py3-none-any.whl")
+    app = serve.Pep691(_inner, tmp_path)
+    status, headers, body = call(app, "/simple/lab-torch/", accept=PIP_ACCEPT)
+    assert status.startswith("200") and headers["Content-Type"] == serve.JSON_V1
+    data = json.loads(body)
+    assert data["versions"] == ["2.9.1+cu128", "2.11.0+cu130"]
+    old = next(f for f in data["files"] if f["filename"].startswith("lab_torch-2.9.1"))
+    assert old["size"] == (tmp_path / old["filename"]).stat().st_size
+    assert old["upload-time"].startswith(time.strftime("%Y-%m-%d", time.gmtime(time.time() - 300 * 86400)))
+    assert old["url"] == "/packages/lab_torch-2.9.1%2Bcu128-py3-none-any.whl"
+    projects = json.loads(call(app, "/simple/", accept=PIP_ACCEPT)[2])["projects"]
+    assert [p["name"] for p in projects] == ["lab-torch", "six"]
+
+
+def test_pep691_redirects_404s_and_passes_html_through(tmp_path):
+    _wheel(tmp_path, "lab_torch-2.9.1+cu128-py3-none-any.whl")
+    app = serve.Pep691(_inner, tmp_path)
+    status, headers, _ = call(app, "/simple/Lab_Torch/", accept=PIP_ACCEPT)
+    assert status.startswith("301") and headers["Location"] == "/simple/lab-torch/"
+    assert call(app, "/simple/nope/", accept=PIP_ACCEPT)[0].startswith("404")
+    assert call(app, "/simple/lab-torch/", accept="text/html")[2] == b"<html>pypiserver</html>"
+
+
+def test_static_app_serves_last_modified_and_304(tmp_path):
+    f = tmp_path / "redistrib_13.0.2.json"
+    f.write_text("{}")
+    stamp = time.time() - 86400
+    os.utime(f, (stamp, stamp))
+    app = serve.static_app(tmp_path, "/redist")
+    status, headers, body = call(app, "/redist/redistrib_13.0.2.json")
+    assert status.startswith("200") and body == b"{}"
+    assert headers["Last-Modified"] == formatdate(stamp, usegmt=True)
+    assert call(app, "/redist/redistrib_13.0.2.json", if_modified_since=headers["Last-Modified"])[0].startswith("304")
+    assert call(app, "/redist/../etc/passwd")[0].startswith(("403", "404"))
+    assert call(app, "/other/redistrib_13.0.2.json")[0].startswith("404")
+    (tmp_path / ".recipe").write_text("x")
+    assert call(app, "/redist/.recipe")[0].startswith("404")
+
+
+def test_access_log_counts_bytes(tmp_path):
+    log = tmp_path / "access.jsonl"
+    app = serve.AccessLog(serve.static_app(tmp_path, "/redist"), log, "redist")
+    (tmp_path / "a.bin").write_bytes(b"x" * 5000)
+    call(app, "/redist/a.bin")
+    rec = json.loads(log.read_text().splitlines()[-1])
+    assert (rec["path"], rec["status"], rec["bytes"]) == ("/redist/a.bin", 200, 5000)
+
+
+def test_unpack_maps_wheel_layout_to_toolkit_layout(tmp_path):
+    wheel = tmp_path / "nvidia_nvvm-13.0.88-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name in (
+            "nvidia/cu13/lib/libnvvm.so.4",
+            "nvidia/cu13/include/nvvm.h",
+            "nvidia/cu13/nvvm/bin/cicc",
+            "nvidia/cu13/__init__.py",
+            "nvidia/cu13/.metadata/provenance.txt",
+        ):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o755 if name.endswith("cicc") else 0o644) << 16
+            zf.writestr(info, name)
+        zf.writestr("nvidia_nvvm-13.0.88.dist-info/licenses/License.txt", "license text")
+    spec = redist.RELEASES["13.0.2"]["components"]["libnvvm"]
+    top = tmp_path / "libnvvm-linux-x86_64-13.0.88-archive"
+    redist._unpack(wheel, spec, top)
+    files = sorted(str(p.relative_to(top)) for p in top.rglob("*") if not p.is_dir())
+    assert files == [
+        "LICENSE",
+        "nvvm/bin/cicc",
+        "nvvm/include/nvvm.h",
+        "nvvm/lib64/libnvvm.so",
+        "nvvm/lib64/libnvvm.so.4",
+    ]
+    assert os.readlink(top / "nvvm/lib64/libnvvm.so") == "libnvvm.so.4"
+    assert os.access(top / "nvvm/bin/cicc", os.X_OK)
+
+
+def test_replace_dir_swaps_trees(tmp_path):
+    final, tmp = tmp_path / "tree", tmp_path / ".tmp-tree"
+    final.mkdir()
+    (final / "old").write_text("1")
+    tmp.mkdir()
+    (tmp / "new").write_text("2")
+    replace_dir(tmp, final)
+    assert sorted(p.name for p in final.iterdir()) == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree"]
+
+
+def test_nvcc_128_standin_answers_version_and_refuses_to_compile(tmp_path):
+    import subprocess
+
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(redist.NVCC_128_STANDIN)
+    nvcc.chmod(0o755)
+    out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[3] == "Cuda compilation tools, release 12.8, V12.8.93"
+    compile_ = subprocess.run([str(nvcc), "-c", "k.cu"], capture_output=True, text=True, check=False)
+    assert compile_.returncode == 1 and "stand-in" in compile_.stderr
