@@ -167,3 +167,28 @@ def test_nvcc_128_standin_answers_version_and_refuses_to_compile(tmp_path):
     assert out.stdout.splitlines()[3] == "Cuda compilation tools, release 12.8, V12.8.93"
     compile_ = subprocess.run([str(nvcc), "-c", "k.cu"], capture_output=True, text=True, check=False)
     assert compile_.returncode == 1 and "stand-in" in compile_.stderr
+
+
+def test_wheel_builder_injects_version_deps_and_keeps_scripts(tmp_path, monkeypatch):
+    from lab import wheels
+
+    src = tmp_path / "src-trees"
+    pkg = src / "lab-demo" / "src" / "lab_demo"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from lab_demo._build_info import VERSION as __version__\n")
+    (src / "lab-demo" / "pyproject.toml").write_text(
+        '[project]\nname = "lab-demo"\nversion = "0.0.0"\n[project.scripts]\nlab-demo = "lab_demo:main"\n'
+    )
+    monkeypatch.setattr(wheels, "WHEELS_SRC", src)
+    spec = {"module": "lab_demo", "summary": "demo"}
+    build = {"version": "1.2.3+cu130", "requires": ["six>=1.17"], "info": {"cuda": "13.0"}}
+    wheel = wheels._build_one("lab-demo", spec, build, tmp_path / "out", tmp_path / "work")
+    assert wheel.name == "lab_demo-1.2.3+cu130-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("lab_demo-1.2.3+cu130.dist-info/METADATA").decode()
+        info = zf.read("lab_demo/_build_info.py").decode()
+        scripts = zf.read("lab_demo-1.2.3+cu130.dist-info/entry_points.txt").decode()
+    assert "Version: 1.2.3+cu130" in meta and "Requires-Dist: six>=1.17" in meta
+    assert "VERSION = '1.2.3+cu130'" in info and "'cuda': '13.0'" in info
+    assert "lab-demo = lab_demo:main" in scripts
+    assert wheels._build_one("lab-absent", {"module": "lab_absent"}, build, tmp_path / "out", tmp_path / "work") is None
