@@ -44,18 +44,26 @@ class ActionModule(ActionBase):
             python_version=args["python_version"] or profile["python"]["version"], platform=args["platform"]
         )
         fetcher = Fetcher(timeout=args["timeout"])
+        wheelhouse = os.path.join(controller_dir, "wheelhouse")
         today = None
         if args["today"]:
             import datetime
 
             today = datetime.date.fromisoformat(args["today"])
         try:
-            lock = make_lock(profile, target, fetcher, find_uv(args["uv_path"]), tools=args["tools"], today=today)
+            lock = make_lock(
+                profile,
+                target,
+                fetcher,
+                find_uv(args["uv_path"]),
+                tools=args["tools"],
+                today=today,
+                wheelhouse=wheelhouse if args["fetch"] and not self._task.check_mode else None,
+            )
         except PlanError as exc:
             return self._fail(result, f"{host}: wheel plan for profile {profile.get('name')!r} failed: {exc}")
         lock_dir = os.path.join(controller_dir, "locks")
         lock_path = os.path.join(lock_dir, f"{lock['venv_name']}.json")
-        wheelhouse = os.path.join(controller_dir, "wheelhouse")
         lock["wheelhouse"] = wheelhouse
         changed = not os.path.exists(lock_path)
         fetched = {"path": wheelhouse, "fetched": [], "reused": [], "bytes": 0}
@@ -67,6 +75,9 @@ class ActionModule(ActionBase):
             try:
                 if args["fetch"]:
                     fetched = fetch_wheelhouse(fetcher, lock, wheelhouse)
+                    # Chosen wheels were fetched while planning: count every download of this run.
+                    fetched["fetched"] = sorted(os.path.basename(u) for u in fetcher.downloads)
+                    fetched["reused"] = sorted(set(fetched["reused"]) - set(fetched["fetched"]))
                     changed = changed or bool(fetched["fetched"])
                 if changed:
                     _write_json(lock_path, lock)

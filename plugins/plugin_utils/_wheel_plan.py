@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -91,12 +92,13 @@ def uv_compile(uv: str, requirements: list, wheels: dict, target: Target, timeou
 
 def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
     """One entry per package: the chosen file for profile packages, the best-fitting wheel for dependencies."""
-    by_url = {c.url: c for c in chosen.values()}
+    by_name = {c.filename: c for c in chosen.values()}
     entries = []
     for pkg in pylock:
         name = canonicalize_name(pkg["name"])
         if "archive" in pkg:
-            files = [{"url": pkg["archive"]["url"], "sha256": pkg["archive"]["hashes"].get("sha256")}]
+            archive = pkg["archive"]
+            files = [{"url": archive.get("url") or archive["path"], "sha256": archive["hashes"].get("sha256")}]
         else:
             files = [{"url": w["url"], "sha256": (w.get("hashes") or {}).get("sha256")} for w in pkg.get("wheels", [])]
         wheel = pick_file(files, target)
@@ -106,13 +108,13 @@ def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
                 f" on {target.platform} in the profile's indexes (the plan installs wheels only, hashes required);"
                 " add an index that carries one or pin another version in the profile"
             )
-        cand = by_url.get(wheel["url"])
+        cand = by_name.get(wheel["filename"])
         entries.append(
             {
                 "name": name,
                 "version": str(pkg["version"]),
                 "filename": wheel["filename"],
-                "url": wheel["url"],
+                "url": cand.url if cand else wheel["url"],
                 "sha256": cand.sha256 if cand and cand.sha256 else wheel["sha256"],
                 "index": cand.index if cand else None,
                 "size": cand.size if cand else None,
@@ -122,7 +124,11 @@ def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
     return sorted(entries, key=lambda e: e["name"])
 
 
-def make_lock(profile: dict, target: Target, fetcher: Fetcher, uv: str, tools=("uv",), today=None) -> dict:
+def make_lock(
+    profile: dict, target: Target, fetcher: Fetcher, uv: str, tools=("uv",), today=None, wheelhouse=None
+) -> dict:
+    """Probe, resolve, lock. With ``wheelhouse`` the chosen wheels are fetched there first and uv resolves their
+    dependencies from those files, so no wheel is downloaded twice (once by uv, once for the hosts)."""
     wheels = profile["wheels"]
     rules_by_pkg, rules = rules_from_profile(wheels)
     cands = probe(fetcher, wheels, rules_by_pkg)
@@ -133,7 +139,14 @@ def make_lock(profile: dict, target: Target, fetcher: Fetcher, uv: str, tools=("
                 f"index {cand.index!r} lists {cand.filename} without a sha256; the lock requires hashes."
                 " Use an index that publishes hashes (PEP 503 #sha256= or PEP 691 hashes)."
             )
-    pins = [f"{c.project} @ {c.url}" for c in chosen.values()]
+    if wheelhouse:
+        pins = []
+        for cand in chosen.values():
+            path = os.path.join(wheelhouse, cand.filename)
+            fetcher.download(cand.url, path, cand.sha256)
+            pins.append(f"{cand.project} @ {pathlib.Path(path).resolve().as_uri()}")
+    else:
+        pins = [f"{c.project} @ {c.url}" for c in chosen.values()]
     packages = lock_entries(uv_compile(uv, pins, wheels, target), chosen, target, "dependency")
     tool_entries = lock_entries(uv_compile(uv, list(tools), wheels, target), {}, target, "tool") if tools else []
     digest = lock_hash(packages, target)
