@@ -167,6 +167,8 @@ def up(n: int, name: str = "lab", ports: dict[str, int] | None = None, do_seed: 
     urls = mirror_urls(ports)
     ref = image.build_image()
     if do_seed:
+        # Cached builds cost milliseconds; a changed lab wheel tree (e.g. lab-sglang) is rebuilt before seeding.
+        mirrors.build()
         mirrors.start(ports)
     key = ensure_key(name)
     (lab_dir(name) / "controller").mkdir(parents=True, exist_ok=True)
