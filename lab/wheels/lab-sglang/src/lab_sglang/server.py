@@ -149,7 +149,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -----------------------------------------------------------------------------
     def log_message(self, format: str, *args) -> None:
-        LOG.info("%s - %s", self.address_string(), format % args)
+        # Access lines stay out of the journal by default: the unit's last lines should show its state.
+        LOG.debug("%s - %s", self.address_string(), format % args)
 
     def _send_json(self, status: int, payload, raw: bytes | None = None) -> None:
         body = raw if raw is not None else json.dumps(payload).encode()
@@ -303,6 +304,7 @@ class Handler(BaseHTTPRequestHandler):
                 "server": "lab-sglang",
                 "version": __version__,
                 "sys_prefix": sys.prefix,
+                "sys_prefix_realpath": os.path.realpath(sys.prefix),
                 "sys_executable": sys.executable,
                 "python_version": ".".join(str(p) for p in sys.version_info[:3]),
                 "cuda_home": os.environ.get("CUDA_HOME"),
