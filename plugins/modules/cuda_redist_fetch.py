@@ -53,6 +53,10 @@ options:
     description: Check the mirror's TLS certificate.
     type: bool
     default: true
+  http_agent:
+    description: User-Agent sent to the mirror, so its logs can attribute the traffic to a fleet run.
+    type: str
+    default: gpufleet.upgrade.cuda_redist_fetch
 attributes:
   check_mode:
     support: full
@@ -127,7 +131,11 @@ class Fetcher:
         url = f"{self.base}/{rel}"
         try:
             return open_url(
-                url, timeout=self.p["timeout"], validate_certs=self.p["validate_certs"], follow_redirects="safe"
+                url,
+                timeout=self.p["timeout"],
+                validate_certs=self.p["validate_certs"],
+                follow_redirects="safe",
+                http_agent=self.p["http_agent"],
             )
         except urllib.error.HTTPError as exc:
             if exc.code == 404 and what == "manifest":
@@ -153,7 +161,11 @@ class Fetcher:
             if self.base.startswith("file://"):
                 text = " ".join(os.listdir(urllib.parse.urlparse(self.base).path))
             else:
-                text = open_url(self.base + "/", timeout=self.p["timeout"]).read(1 << 20).decode("utf-8", "replace")
+                text = (
+                    open_url(self.base + "/", timeout=self.p["timeout"], http_agent=self.p["http_agent"])
+                    .read(1 << 20)
+                    .decode("utf-8", "replace")
+                )
             listed = rd.releases_in_listing(text)
         except Exception:  # the listing is only a hint for the message
             pass
@@ -286,6 +298,7 @@ def main():
             "download": {"type": "bool", "default": True},
             "timeout": {"type": "int", "default": 60},
             "validate_certs": {"type": "bool", "default": True},
+            "http_agent": {"type": "str", "default": "gpufleet.upgrade.cuda_redist_fetch"},
         },
         supports_check_mode=True,
     )
