@@ -27,8 +27,9 @@ DEFAULT_TOLERANCES = {
     # attention outputs are convex combinations of V ~ N(0, 1) values; bf16 inputs and outputs give max errors
     # of a few 1e-3 against an fp32 SDPA reference.
     "attention_atol": 2e-2,
-    # decode outputs average thousands of values and are small, so an absolute bound alone is loose there
-    "attention_rel_err": 2e-2,
+    # decode outputs average thousands of values and are small, so an absolute bound alone is loose there;
+    # flashinfer 0.6.4 on an H200 showed 0.0008 to 0.0023
+    "attention_rel_err": 1e-2,
     "min_cosine": 0.999,
 }
 
@@ -219,13 +220,14 @@ def judge_allreduce(rank_results: list, world_size: int, backend: str) -> dict:
                 f"rank {rank} (GPU {rank}): wrong sum, max abs error {res['max_abs_err']} against {expected}"
             )
     figures = {}
-    if by_rank.get(0, {}).get("status") == "measured":
+    if by_rank.get(0, {}).get("status") == "measured" and world_size > 1:
+        # one rank moves nothing between GPUs: its time and bandwidth measure a local no-op
         r0 = by_rank[0]
         figures = {k: r0[k] for k in ("size_mb", "seconds_per_op", "algbw_gbps", "busbw_gbps") if k in r0}
     data = dict(world_size=world_size, backend=backend, expected=expected, ranks=rank_results, **figures)
     if problems:
         return outcome("failed", f"{backend} all-reduce over {world_size} rank(s): " + "; ".join(problems), **data)
-    note = " (one GPU: the single-rank path only)" if world_size == 1 else ""
+    note = " (one GPU: the single-rank path only, no bandwidth to measure)" if world_size == 1 else ""
     bw = f", bus bandwidth {figures['busbw_gbps']:.1f} GB/s" if "busbw_gbps" in figures else ""
     return outcome("passed", f"{backend} all-reduce over {world_size} rank(s) gave {expected:g}{bw}{note}", **data)
 

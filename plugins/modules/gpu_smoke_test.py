@@ -21,7 +21,7 @@ description:
     with the right sum and its bus bandwidth."
   - "Tolerances: C(bf16_matmul) relative Frobenius error <= O(tolerances.matmul_rel_err) (default 0.01) and cosine >=
     O(tolerances.min_cosine) (default 0.999); attention checks max abs error <= O(tolerances.attention_atol)
-    (default 0.02), relative error <= O(tolerances.attention_rel_err) (default 0.02) (bf16 inputs and outputs
+    (default 0.02), relative error <= O(tolerances.attention_rel_err) (default 0.01) (bf16 inputs and outputs
     against an fp32 reference) and the same cosine."
   - A check that cannot run because a package is missing fails when the package is in O(required_packages)
     and is reported skipped with the reason otherwise.
@@ -83,7 +83,7 @@ options:
       attention_rel_err:
         description: Largest relative Frobenius error of an attention output.
         type: float
-        default: 0.02
+        default: 0.01
       min_cosine:
         description: Smallest cosine similarity between a kernel's output and its reference.
         type: float

@@ -1,0 +1,138 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""nvml_info: no NVML on this machine (real), and the recorded H200's answers replayed through pynvml's stand-in."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pynvml
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+from ansible_collections.gpufleet.upgrade.plugins.modules import nvml_info
+
+DATA = Path(__file__).resolve().parents[3] / "data" / "device"
+_spec = importlib.util.spec_from_file_location("nvml_fake", DATA / "nvml_fake.py")
+fake = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fake)
+
+
+class Exit(Exception):
+    pass
+
+
+class Fail(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def raising(monkeypatch):
+    def exit_json(self, **kwargs):
+        raise Exit(kwargs)
+
+    def fail_json(self, **kwargs):
+        raise Fail(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+def no_driver_here():
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return True
+    pynvml.nvmlShutdown()  # pragma: no cover - only on a machine with a driver
+    return False
+
+
+needs_no_driver = pytest.mark.skipif(not no_driver_here(), reason="this machine has an NVIDIA driver")
+
+
+@needs_no_driver
+def test_fails_clearly_without_nvml():
+    with patch_module_args({}), pytest.raises(Fail) as err:
+        nvml_info.main()
+    msg = err.value.args[0]["msg"]
+    assert "NVML is not available: libnvidia-ml.so.1 was not found" in msg
+    assert "gpufleet_gpu_required=false" in msg  # the fix is named
+
+
+@needs_no_driver
+def test_reports_skipped_without_nvml_when_no_gpu_is_required():
+    with patch_module_args({"gpu_required": False}), pytest.raises(Exit) as out:
+        nvml_info.main()
+    result = out.value.args[0]
+    assert result["status"] == "skipped" and result["healthy"] is None
+    assert result["skipped_reason"] == "skipped: no GPU (libnvidia-ml.so.1 was not found)"
+    assert result["changed"] is False and result["gpus"] == []
+
+
+def test_fails_clearly_without_nvidia_ml_py(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)
+    with patch_module_args({}):
+        module = nvml_info.build_module()
+    with pytest.raises(Fail, match="nvidia-ml-py"):
+        nvml_info.run(module)
+
+
+def run_fake(args, overrides=None, recording=None):
+    with patch_module_args(args):
+        module = nvml_info.build_module()
+    nvml = fake.FakeNVML(recording or fake.load(), overrides)
+    return nvml_info.run(module, nvml_loader=lambda: nvml), nvml
+
+
+def test_h200_recording_through_the_module():
+    result, nvml = run_fake({"thresholds": {"max_temperature_c": 80}})
+    assert result["status"] == "healthy" and result["healthy"] is True and result["changed"] is False
+    assert result["driver_version"] == "580.159.04" and result["cuda_driver_version"] == "13.0"
+    recorded = json.loads((DATA / "h200-postcheck-warm.json").read_text())["nvml"]["gpus"][0]
+    gpu = result["gpus"][0]
+    for key in ("name", "uuid", "pci_bus_id", "compute_capability", "ecc_mode", "pcie", "retired_pages", "nvlink"):
+        assert gpu[key] == recorded[key], key
+    assert ("nvmlShutdown", []) in nvml.asked  # NVML is released
+
+
+def test_thresholds_reach_the_rules():
+    result, _ = run_fake({"thresholds": {"max_temperature_c": 30}})
+    assert result["status"] == "unhealthy"
+    assert "above 30 C" in result["reasons"][0]
+
+
+def test_default_thresholds_fill_missing_keys():
+    result, _ = run_fake({"thresholds": {"max_temperature_c": 90}}, {"nvmlDeviceGetCurrentClocksEventReasons": 0x8})
+    assert result["healthy"] is False and "hw_slowdown" in result["reasons"][0]
+
+
+def test_no_gpu_with_gpu_not_required_is_skipped():
+    result, _ = run_fake({"gpu_required": False}, {"nvmlDeviceGetCount": 0})
+    assert result["status"] == "skipped" and result["skipped_reason"] == "skipped: no GPU (NVML sees no GPU)"
+
+
+def test_no_gpu_when_one_is_required_is_unhealthy():
+    result, _ = run_fake({}, {"nvmlDeviceGetCount": 0})
+    assert result["status"] == "unhealthy"
+    assert "NVML sees no GPU but one is required" in result["reasons"][0]
+
+
+def test_check_mode_gives_the_same_read_only_result():
+    plain, _ = run_fake({})
+    checked, _ = run_fake({"_ansible_check_mode": True})
+    assert checked == plain and checked["changed"] is False
+
+
+def test_argument_spec_rejects_a_bad_threshold():
+    with patch_module_args({"thresholds": {"max_temperature_c": "hot"}}), pytest.raises(Fail):
+        nvml_info.build_module()
+
+
+def test_module_defaults_match_the_rules_defaults():
+    spec = {k: v["default"] for k, v in nvml_info.THRESHOLD_SPEC.items()}
+    assert spec == _nvml.DEFAULT_THRESHOLDS
