@@ -330,7 +330,7 @@ def test_init_without_the_library_on_this_machine():
     else:  # pragma: no cover - only on a machine with a driver
         nvml.nvmlShutdown()
         pytest.skip("this machine has an NVIDIA driver")
-    with pytest.raises(_nvml.NvmlUnavailable, match="libnvidia-ml.so.1 was not found"):
+    with pytest.raises(_nvml.NvmlUnavailable, match=r"libnvidia-ml\.so\.1 was not found"):
         _nvml.init(nvml)
 
 
