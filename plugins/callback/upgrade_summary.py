@@ -28,9 +28,9 @@ options:
         key: summary_file
 """
 
-import json
+import json  # noqa: E402
 
-from ansible.plugins.callback import CallbackBase
+from ansible.plugins.callback import CallbackBase  # noqa: E402
 
 PHASE_ORDER = ("preflight", "recover", "backup", "cuda_toolkit", "venv_rebuild", "postcheck", "rollback")
 

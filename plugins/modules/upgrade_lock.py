@@ -123,6 +123,8 @@ def acquire(module, previous):
     lock = st.new_lock(p["run_id"], holder["pid"], holder.get("pid_start"), holder["controller"], holder["started"])
     result = {"changed": True, "lock": lock, "verdict": verdict, "msg": message}
     if module.check_mode:
+        # A real run takes the lock and releases it at its end: as a whole it leaves the lock as it was.
+        result.update(changed=False, msg=f"check mode: {message}; the lock would be taken for the run")
         return result
     if verdict == "free":
         if not st.create_exclusive(p["path"], lock):

@@ -203,7 +203,7 @@ class TestUpgradeLock:
     def test_take_keep_release(self, tmp_path):
         path = str(tmp_path / "upgrade.lock")
         ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()}, check=True)
-        assert ok and res["changed"] and not os.path.exists(path)
+        assert ok and not res["changed"] and res["verdict"] == "free" and not os.path.exists(path)
         ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()})
         assert ok and res["verdict"] == "free" and json.loads(open(path).read())["run_id"] == "r1"
         ok, res = call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()})
