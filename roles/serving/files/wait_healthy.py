@@ -19,7 +19,9 @@ import urllib.request
 def unit_state(unit):
     out = subprocess.run(
         ["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts,ExecMainStatus"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
@@ -39,6 +41,8 @@ def main():
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     start = time.monotonic()
     seen = "no answer yet"
+    # NRestarts counts over the unit's lifetime: only an increase while we wait means a crash.
+    restarts_before = unit_state(unit).get("NRestarts", "0")
     while True:
         ok, seen = health(opener, url)
         waited = round(time.monotonic() - start, 1)
@@ -46,16 +50,34 @@ def main():
             print(json.dumps({"healthy": True, "waited_s": waited, "url": url}))
             return 0
         state = unit_state(unit)
-        restarting = state.get("SubState") == "auto-restart" or state.get("NRestarts", "0") not in ("", "0")
+        restarting = state.get("SubState") == "auto-restart" or state.get("NRestarts", "0") != restarts_before
         if state.get("ActiveState") in ("failed", "inactive") or restarting:
-            print(json.dumps({"healthy": False, "waited_s": waited, "url": url, "unit": state,
-                              "reason": f"unit {unit} is {state.get('ActiveState')}/{state.get('SubState')} "
-                                        f"(result {state.get('Result')}, exit status "
-                                        f"{state.get('ExecMainStatus')}, restarts {state.get('NRestarts')})"}))
+            print(
+                json.dumps(
+                    {
+                        "healthy": False,
+                        "waited_s": waited,
+                        "url": url,
+                        "unit": state,
+                        "reason": f"unit {unit} is {state.get('ActiveState')}/{state.get('SubState')} "
+                        f"(result {state.get('Result')}, exit status "
+                        f"{state.get('ExecMainStatus')}, restarts {state.get('NRestarts')})",
+                    }
+                )
+            )
             return 3
         if waited >= timeout:
-            print(json.dumps({"healthy": False, "waited_s": waited, "url": url, "unit": state,
-                              "reason": f"no 200 from {url} within {timeout:g}s (last: {seen})"}))
+            print(
+                json.dumps(
+                    {
+                        "healthy": False,
+                        "waited_s": waited,
+                        "url": url,
+                        "unit": state,
+                        "reason": f"no 200 from {url} within {timeout:g}s (last: {seen})",
+                    }
+                )
+            )
             return 2
         time.sleep(1.0)
 
