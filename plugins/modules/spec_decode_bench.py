@@ -183,7 +183,7 @@ bench:
       description: Warm-up requests sent and failed.
       type: dict
     levels:
-      description: Per concurrency level, the aggregate over repeats and each run (RV(bench.levels[].runs)).
+      description: Per concurrency level, the aggregate over repeats and, in C(runs), each run's statistics.
       type: list
       elements: dict
       sample:
@@ -219,17 +219,17 @@ plan:
   type: dict
 """
 
-import json  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+import json
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _bench  # noqa: E402
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._prompts_v1 import PROMPT_SET as PROMPTS_V1  # noqa: E402
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client import Client, ServerError  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _bench
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._prompts_v1 import PROMPT_SET as PROMPTS_V1
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client import Client, ServerError
 
 PROMPT_SETS = {"v1": PROMPTS_V1}
 

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Wait until a serving unit answers GET /health with 200; give up early when the unit has died.
 
-Usage: wait_healthy.py URL UNIT TIMEOUT_S. Prints one JSON line; exit 0 healthy, 2 timeout, 3 unit failed.
+Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S. Prints one JSON line; exit 0 healthy, 2 timeout, 3 unit failed.
 Polling the unit's state too is the point: a crashed server is reported at once instead of after the
 whole health timeout (which is minutes for a real model).
 """
