@@ -32,7 +32,7 @@ LOCK = "venv.lock"
 ARCHIVE = "venv.tar.gz"
 PARTIAL_PREFIX = ".partial-"
 FORMAT_VERSION = 1
-ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+ID_RE = re.compile(r"^\d{8}T\d{6}(\d{6})?Z-[0-9a-f]{8}$")
 
 
 class BackupError(Exception):
@@ -62,7 +62,7 @@ def canonical(doc) -> str:
 
 
 def new_backup_id(now_compact, digest) -> str:
-    """``20261202T130501Z-1a2b3c4d``: sorts by time, and tells two snapshots apart by content."""
+    """``20261202T130501123456Z-1a2b3c4d``: sorts by time (microseconds), tells two snapshots apart by content."""
     return f"{now_compact}-{digest[:8]}"
 
 

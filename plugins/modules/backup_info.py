@@ -48,6 +48,11 @@ options:
     description: Re-read checksums, parse the lock and list the archive.
     type: bool
     default: true
+  unlike_digest:
+    description:
+      - Without O(backup_id), pick the newest backup whose snapshot digest differs from this one (the digest of the
+        host as it is now), so that "roll back" undoes the last change instead of restoring the present state.
+    type: str
   verify_scope:
     description: C(full) checks every file and the archive; C(lock) only the manifest and the venv lock (what a
       controller copy holds).
@@ -101,11 +106,25 @@ msg:
   type: str
 """
 
-import os  # noqa: E402
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk
+
+
+def newest_unlike(module, backups_dir, ids, digest):
+    for backup_id in reversed(ids):
+        try:
+            manifest = bk.load_manifest(os.path.join(backups_dir, backup_id))
+        except bk.BackupError as exc:
+            module.fail_json(
+                msg=f"{module.params['host']}: backup {backup_id} is unusable: {exc}; nothing was changed; "
+                "fix: name a backup with rollback_backup_id, or move the broken one aside"
+            )
+        if manifest.get("digest") != digest:
+            return backup_id
+    return None
 
 
 def run(module):
@@ -123,6 +142,15 @@ def run(module):
                 "msg": f"{host}: no backup under {backups_dir}: this host was never upgraded by gpufleet",
             }
         wanted = ids[-1]
+        if p["unlike_digest"]:
+            wanted = newest_unlike(module, backups_dir, ids, p["unlike_digest"])
+            if wanted is None:
+                return {
+                    "changed": False,
+                    "found": False,
+                    "backups": ids,
+                    "msg": f"{host}: every backup describes the host as it is now: nothing to roll back",
+                }
     folder = os.path.join(backups_dir, wanted)
     if not os.path.isdir(folder):
         module.fail_json(
@@ -172,6 +200,7 @@ def main():
             "host": {"type": "str", "required": True},
             "profile": {"type": "str"},
             "verify": {"type": "bool", "default": True},
+            "unlike_digest": {"type": "str"},
             "verify_scope": {"type": "str", "choices": ["full", "lock"], "default": "full"},
             "require_lock_check": {"type": "bool", "default": False},
         },

@@ -143,14 +143,14 @@ partials_removed:
   elements: str
 """
 
-import datetime  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
+import datetime
+import json
+import os
+import shutil
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk
 
 FREEZE_SCRIPT = (
     "import importlib.metadata as m\n"
@@ -348,7 +348,7 @@ def run(module):
         result["reused"] = True
     else:
         now = datetime.datetime.now(datetime.timezone.utc)
-        backup_id = bk.new_backup_id(now.strftime("%Y%m%dT%H%M%SZ"), digest)
+        backup_id = bk.new_backup_id(now.strftime("%Y%m%dT%H%M%S%fZ"), digest)
         manifest = bk.build_manifest(
             backup_id,
             now.isoformat(),

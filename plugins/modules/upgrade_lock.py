@@ -82,11 +82,11 @@ msg:
   type: str
 """
 
-import os  # noqa: E402
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
 
 
 def read_lock(module):

@@ -85,11 +85,11 @@ recovery:
   sample: {"action": "rollback", "backup_id": "20261202T130501Z-1a2b3c4d", "reason": "run X was interrupted ..."}
 """
 
-import datetime  # noqa: E402
+import datetime
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
 
 
 def run(module):

@@ -177,6 +177,22 @@ class TestBackupInfo:
         assert not ok and "unusable" in res["msg"]
 
 
+    def test_unlike_digest_skips_backups_of_the_present_state(self, host):
+        _, old = call(backup_manifest, backup_args(host))
+        (host / "etc" / "gpufleet-serving.env").write_text("CUDA_HOME=/usr/local/cuda-13.0\n")
+        _, new = call(backup_manifest, backup_args(host))
+        assert new["backup_id"] != old["backup_id"]
+        base = {"state_dir": str(host / "state"), "host": "node1"}
+        ok, res = call(backup_info, dict(base, unlike_digest=new["manifest"]["digest"]))
+        assert ok and res["backup_id"] == old["backup_id"]
+        ok, res = call(backup_info, dict(base, unlike_digest=old["manifest"]["digest"]))
+        assert ok and res["backup_id"] == new["backup_id"]
+        (host / "state" / "backups" / old["backup_id"] / "venv.lock").unlink()
+        os.unlink(host / "state" / "backups" / new["backup_id"] / "manifest.json")
+        ok, res = call(backup_info, dict(base, unlike_digest="0" * 64))
+        assert not ok and new["backup_id"] in res["msg"] and "unusable" in res["msg"]
+
+
 class TestUpgradeState:
     def test_write_query_and_idempotence(self, tmp_path):
         path = str(tmp_path / "state.json")
