@@ -134,7 +134,7 @@ def test_slow_server_times_out(serve):
 def test_fault_every_second_request(serve):
     _server, url = serve(fault="http500", fault_every=2)
     client = Client(url, timeout=5)
-    assert [client.generate("x", 4)["ok"] for _ in range(4)] == [True, False, True, False]
+    assert [client.generate("x", 4)["ok"] for _attempt in range(4)] == [True, False, True, False]
 
 
 def test_never_healthy_and_unreachable(serve):
