@@ -74,3 +74,22 @@ def test_check_mode_writes_nothing_on_the_node(fleet, run_playbook, node_exec, t
     assert result.rc == 0, result
     assert results_on_node(node_exec, node) == before
     assert controller_results(tmp_path, node) == []
+
+
+def test_benchmark_gate_runs_against_the_serving_unit(fleet, run_playbook, tmp_path):
+    node = fleet.nodes[0]
+    extravars = {
+        "gpufleet_stack_profile": "lab",
+        "gpufleet_controller_dir": str(tmp_path),
+        "postcheck_bench_enabled": True,
+    }
+    result = run_playbook(PLAYBOOK, fleet.inventory, extravars=extravars, limit=node)
+    bench = result.task("Benchmark speculative decoding on the serving unit", node)
+    assert bench.res.get("bench"), bench.res
+    data = json.loads(controller_results(tmp_path, node)[0].read_text())
+    assert data["gates"]["bench"]["status"] in ("passed", "failed")
+    # gates the benchmark could not judge (no baseline, no run without speculation) are named, not hidden
+    assert "regression skipped: no baseline given" in data["gates"]["bench"]["notes"]
+    assert data["bench"]["bench"] == bench.res["bench"]
+    # the host fails exactly when the benchmark's own gates say so
+    assert (result.rc == 0) is bench.res["passed"], data["gates"]["bench"]
