@@ -11,6 +11,13 @@ repository importable as the collection gpufleet.upgrade, records the raw NVML a
 the profile. The first run JIT-compiles flashinfer's kernels with the machine's nvcc; a second run shows the warm
 wall time. Results (the role's JSON, the NVML recording, the playbook log, a summary) land flat in OUTDIR.
 NVLink multicast stays off for everything started here.
+
+A last run corrupts --fault's kernels by about 3 % (GPUFLEET_SMOKE_INJECT_FAULT) and must fail the host.
+
+Several GPUs (issue 8): the same command on nvidia-h200-x8 (or -x4/-x2), with GPUFLEET_EXPECTED_GPUS=8 so the
+NVML gate also checks the count; the all-reduce then spans every GPU (one process each, NCCL) and reports its bus
+bandwidth. Compare wall times with tests/data/device/h200-summary.json (one H200).
+    device run (carry .whl): GPUFLEET_EXPECTED_GPUS=8 python3 bench/smoke_device.py $OUT --runs 2
 """
 
 from __future__ import annotations
