@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,18 @@ def test_malformed_server_info_is_a_server_error(serve):
     _server, url = serve()
     with pytest.raises(ServerError, match=r"HTTP 404 from .*/nowhere"):
         Client(url).get_json("/nowhere")
+
+
+def test_stand_in_chat_completions_stream_deltas(serve):
+    """The optional chat endpoint: OpenAI chunk objects with delta role/content, then [DONE]."""
+    _server, url = serve()
+    body = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "stream": True}
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        lines = [line.strip() for line in resp.read().decode().splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert events[0]["object"] == "chat.completion.chunk"
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert len("".join(e["choices"][0]["delta"]["content"] for e in events).split()) == 7
+    assert [e["choices"][0]["finish_reason"] for e in events][-1] == "length"
