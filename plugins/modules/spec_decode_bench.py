@@ -111,7 +111,8 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Sends no request; returns RV(plan), what the benchmark would send, and checks the baseline file.
+    description: Sends no request; returns RV(plan), what the benchmark would send, and whether the baseline file
+      is there (a missing one is reported, not fatal, as the phase that writes it does not run in check mode).
   diff_mode:
     support: none
     description: Nothing on the host changes.
@@ -391,11 +392,13 @@ class Bench:
         }
 
 
-def baseline_of(params):
+def baseline_of(params, check_mode=False):
+    """In check mode a missing file is reported, not fatal: the phase that writes it did not really run."""
     if params["baseline"] is not None:
         return _bench.extract_result(params["baseline"]), None
     if params["baseline_path"]:
-        return load_result_file(params["baseline_path"], "baseline", params["baseline_missing"] == "skip")
+        missing_ok = check_mode or params["baseline_missing"] == "skip"
+        return load_result_file(params["baseline_path"], "baseline", missing_ok)
     return None, "no baseline given"
 
 
@@ -438,7 +441,7 @@ def main():
     plan["api"] = params["api"]
     plan["nospec_server_url"] = params["nospec_server_url"]
     try:
-        baseline, why_no_baseline = baseline_of(params)
+        baseline, why_no_baseline = baseline_of(params, module.check_mode)
         if module.check_mode:
             plan["baseline"] = why_no_baseline or "found"
             module.exit_json(changed=False, plan=plan, msg="check mode: no request sent")

@@ -80,12 +80,17 @@ def test_check_mode_sends_nothing_and_reports_the_plan(measured):
     assert out["plan"]["prompt_set"]["name"] == "v1"
 
 
-def test_check_mode_reports_a_missing_baseline(tmp_path, measured):
-    ok, out = call({"baseline_path": str(tmp_path / "bench.json")}, check=True)
+def test_missing_baseline_fails_for_real_and_is_reported_in_check_mode(tmp_path, measured):
+    path = str(tmp_path / "bench.json")
+    ok, out = call({"baseline_path": path, "max_regression_pct": 5})
     assert not ok
     assert "does not exist" in out["msg"] and "baseline_missing=skip" in out["msg"]
-    ok, out = call({"baseline_path": str(tmp_path / "bench.json"), "baseline_missing": "skip"}, check=True)
-    assert ok and out["plan"]["baseline"].startswith("no baseline at")
+    assert measured[1] == []  # refused before any request
+    ok, out = call({"baseline_path": path, "max_regression_pct": 5}, check=True)
+    assert ok and out["plan"]["baseline"] == f"no baseline at {path}"
+    (tmp_path / "bench.json").write_text(json.dumps(fake_result(50.0)))
+    ok, out = call({"baseline_path": path}, check=True)
+    assert ok and out["plan"]["baseline"] == "found"
 
 
 @pytest.mark.parametrize(
