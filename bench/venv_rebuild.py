@@ -1,0 +1,139 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Benchmark: rebuild the lab serving venv of one lock three ways, cold and warm cache, in one run.
+
+1. role    - gpufleet.upgrade.venv_rebuild (uv from the tools venv, hashes required, verification included)
+2. pip     - the same lock through ansible.builtin.pip (python -m venv + pip, hashes required)
+3. uv      - raw `uv venv && uv pip sync` of the same lock on the node, no Ansible
+
+All three install the lab wheels from the node's wheelhouse (no index traffic), so the figures compare the
+install paths, not the network. "cold" empties the tool's cache on the node first (uv: /root/.cache/uv, pip:
+/root/.cache/pip); "warm" keeps it. Prints one table and the ratios the issue asks for
+(goal: role >= 5x faster than pip warm; role within 1.3x of raw uv).
+
+    CONTAINERS_CONF=lab/containers.conf .venv/bin/python bench/venv_rebuild.py [--repeats 3]
+
+Needs the lab (mirrors + node image). Brings up one node named venv-bench-node1 and removes it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
+
+from lab import mirrors, nodes  # noqa: E402
+from lab.common import mirror_ports  # noqa: E402
+from lab.harness import run_playbook  # noqa: E402
+
+ROLE_PLAYBOOK = "tests/integration/playbooks/venv_rebuild.yml"
+PIP_PLAYBOOK = "tests/integration/playbooks/venv_bench_pip.yml"
+SERVING = "/opt/gpufleet/serving"
+WHEELHOUSE = "/opt/gpufleet/wheelhouse"
+PY = "/usr/bin/python3.11"
+UV = "/opt/gpufleet/tools/bin/uv"
+BUILD_TASKS = ("Create the new venv with the host's Python", "Install exactly the lock from the host wheelhouse")
+
+
+def sh(node: str, cmd: str) -> str:
+    return nodes.node_exec(node, cmd, check=True).stdout
+
+
+def task_seconds(res, names) -> float:
+    """Time the role spent in its build tasks (from ansible-runner's per-task durations)."""
+    total = 0.0
+    for ev in res.events:
+        data = ev.get("event_data", {})
+        if ev.get("event") == "runner_on_ok" and any(n in data.get("task", "") for n in names):
+            total += float(data.get("duration") or 0)
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="leave the node up")
+    args = ap.parse_args()
+
+    ports = mirror_ports()
+    mirrors.build()
+    mirrors.start(ports)
+    out = nodes.up(1, "venv-bench", ports)
+    node, inventory = out["nodes"][0], out["inventory"]
+    controller = tempfile.mkdtemp(prefix="venv-bench-controller-")
+    base = {"gpufleet_controller_dir": controller, "venv_rebuild_switch": False, "venv_rebuild_keep": 5}
+    try:
+        # Warm-up: plan, controller wheelhouse, host wheelhouse, tools venv; the serving unit stays on the seed venv.
+        first = run_playbook(ROLE_PLAYBOOK, inventory, base)
+        if first.rc != 0:
+            print(first, file=sys.stderr)
+            return 1
+        lock = json.loads(next(Path(controller, "locks").glob("lab-*.json")).read_text())
+        venv = f"{SERVING}/venvs/{lock['venv_name']}"
+        lock_file = f"{SERVING}/locks/{lock['venv_name']}.txt"
+        size_mb = sum(e["size"] or 0 for e in lock["packages"]) / 1e6
+        rows = {}
+
+        def record(method, cache, seconds, build=None):
+            rows.setdefault((method, cache), []).append((seconds, build))
+
+        for _ in range(args.repeats):
+            for cache in ("cold", "warm"):
+                # role
+                sh(node, f"rm -rf {venv}" + (" /root/.cache/uv" if cache == "cold" else ""))
+                t0 = time.monotonic()
+                res = run_playbook(ROLE_PLAYBOOK, inventory, base)
+                wall = time.monotonic() - t0
+                assert res.rc == 0, res
+                record("role", cache, wall, task_seconds(res, BUILD_TASKS))
+                # ansible.builtin.pip
+                sh(node, f"rm -rf {SERVING}/bench-pip" + (" /root/.cache/pip" if cache == "cold" else ""))
+                t0 = time.monotonic()
+                res = run_playbook(
+                    PIP_PLAYBOOK, inventory, {"bench_lock_file": lock_file, "bench_venv": f"{SERVING}/bench-pip"}
+                )
+                wall = time.monotonic() - t0
+                assert res.rc == 0, res
+                record("pip", cache, wall, task_seconds(res, ("Install the lock with ansible.builtin.pip",)))
+                # raw uv, timed inside the node
+                sh(node, f"rm -rf {SERVING}/bench-uv" + (" /root/.cache/uv" if cache == "cold" else ""))
+                secs = sh(
+                    node,
+                    "s=$(date +%s.%N); "
+                    f"{UV} venv -q --no-config --python {PY} {SERVING}/bench-uv && "
+                    f"{UV} pip sync -q --no-config --require-hashes --no-index --find-links {WHEELHOUSE} "
+                    f"--python {SERVING}/bench-uv/bin/python {lock_file} && "
+                    'e=$(date +%s.%N); python3 -c "print($e - $s)"',
+                ).strip()
+                record("uv", cache, float(secs), float(secs))
+
+        med = {k: statistics.median(s for s, _ in v) for k, v in rows.items()}
+        med_build = {k: statistics.median(b for _, b in v) for k, v in rows.items()}
+        print(f"lock {lock['venv_name']}: {len(lock['packages'])} wheels, {size_mb:.1f} MB; repeats {args.repeats}")
+        print(f"{'method':8} {'cache':5} {'wall s (median)':>16} {'install step s':>15}")
+        for (method, cache), value in sorted(med.items()):
+            print(f"{method:8} {cache:5} {value:16.2f} {med_build[(method, cache)]:15.2f}")
+        for cache in ("cold", "warm"):
+            print(
+                f"{cache}: pip/role wall {med[('pip', cache)] / med[('role', cache)]:.2f}x, "
+                f"pip/role install step {med_build[('pip', cache)] / med_build[('role', cache)]:.2f}x, "
+                f"role/uv wall {med[('role', cache)] / med[('uv', cache)]:.2f}x, "
+                f"role/uv install step {med_build[('role', cache)] / med[('uv', cache)]:.2f}x"
+            )
+        return 0
+    finally:
+        if not args.keep:
+            nodes.down("venv-bench")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
