@@ -52,7 +52,10 @@ sanity: setup
 	bash tests/sanity/run.sh
 
 unit: setup
-	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+	GPUFLEET_TORCH_PYTHON=$(if $(wildcard $(VENV)/torch/bin/python),$(CURDIR)/$(VENV)/torch/bin/python,) \
+	  $(PY) -m pytest tests/unit lab/tests -q $(PYTEST_ARGS)
+	if [ -x $(VENV)/torch/bin/python ]; then \
+	  $(VENV)/torch/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_smoke_worker_torch.py; fi
 
 molecule: mirrors
 	molecule test --all

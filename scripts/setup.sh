@@ -43,3 +43,18 @@ PY
   mkdir -p ~/.ansible/test/cache
   cp tests/sanity/get_pip_bootstrap.py ~/.ansible/test/cache/get_pip_${version//./_}.py
 done
+
+# A CPU build of torch for the smoke test's comparison tests (.venv/torch), taken only from a wheel this machine
+# already has (pip's configured find-links): never download a multi-GB CUDA build for the tests.
+if [[ ! -x .venv/torch/bin/python ]] || ! .venv/torch/bin/python -c 'import torch, pytest, yaml' 2>/dev/null; then
+  rm -rf .venv/torch.tmp
+  python3 -m venv .venv/torch.tmp
+  if .venv/torch.tmp/bin/pip install -q --disable-pip-version-check --no-index --no-deps 'torch==2.13.0' 2>/dev/null; then
+    .venv/torch.tmp/bin/pip install -q --disable-pip-version-check 'torch==2.13.0' 'pytest==8.4.2' 'PyYAML==6.0.4' 'numpy<3'
+    rm -rf .venv/torch && mv .venv/torch.tmp .venv/torch
+    echo "setup: .venv/torch ready (CPU torch for the smoke-test comparison tests)"
+  else
+    rm -rf .venv/torch.tmp
+    echo "setup: no local CPU build of torch 2.13.0; the torch comparison tests will be skipped"
+  fi
+fi
