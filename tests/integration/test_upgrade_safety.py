@@ -14,6 +14,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 OLD_VENV = "/opt/gpufleet/serving/venvs/lab-cu128-seed"
+OLD_SGLANG, NEW_SGLANG = "0.5.3", "0.5.9"
 SUMMARY_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "gpufleet.upgrade.upgrade_summary"}
 LOCK = "/var/lib/gpufleet/upgrade.lock"
 
@@ -33,9 +34,10 @@ def host_state(node_exec, node):
     )
 
 
-def served_prefix(fleet, node_exec, node):
+def served_sglang(fleet, node_exec, node):
+    """lab-sglang version the running server loaded (old stack 0.5.3, lab target 0.5.9)."""
     raw = sh(node_exec, node, f"curl -fsS --max-time 10 http://127.0.0.1:{fleet.serving_port(node)}/get_server_info")
-    return json.loads(raw)["gpufleet_lab"]["sys_prefix"]
+    return json.loads(raw)["gpufleet_lab"]["distributions"]["lab-sglang"]
 
 
 def report_of(result, node):
@@ -103,7 +105,7 @@ def test_lock_of_another_controller_refuses_until_broken(fleet, run_playbook, no
     assert result.rc == 0, str(result)
     for n in fleet.nodes:
         assert report_of(result, n)["outcome"] == "upgraded"
-        assert served_prefix(fleet, node_exec, n) != OLD_VENV
+        assert served_sglang(fleet, node_exec, n) == NEW_SGLANG
         assert sh(node_exec, n, f"test -e {LOCK} || echo free") == "free"
     assert "safe-up-node2: upgraded" in result.stdout and "totals: upgraded 2" in result.stdout
 
@@ -137,7 +139,7 @@ def test_rollback_refuses_another_hosts_or_profiles_manifest(fleet, run_playbook
     assert other_profile.rc != 0
     assert "was taken for profile 'lab', not 'lab-cu128'" in other_profile.stdout
     assert host_state(node_exec, n2) == before
-    assert served_prefix(fleet, node_exec, n2) != OLD_VENV
+    assert served_sglang(fleet, node_exec, n2) == NEW_SGLANG
 
 
 def test_rollback_refuses_a_corrupt_or_missing_manifest(fleet, run_playbook, node_exec):
@@ -166,7 +168,7 @@ def test_rollback_rebuilds_a_removed_venv_from_the_lock(fleet, run_playbook, nod
     assert result.rc == 0, str(result)
     outcome = report_of(result, node)["outcome"]
     assert f"venv {OLD_VENV} restored from the lock" in outcome, outcome
-    assert served_prefix(fleet, node_exec, node) == OLD_VENV
+    assert served_sglang(fleet, node_exec, node) == OLD_SGLANG
     assert sh(node_exec, node, "readlink /usr/local/cuda") == "/usr/local/cuda-12.8"
     assert sh(node_exec, node, f"ls -d {OLD_VENV}.rollback-partial 2>/dev/null || echo none") == "none"
     restored = result.task("Read the backup", host=node).res["backup_id"]
