@@ -113,3 +113,65 @@ def test_clean_profile_brings_the_unit_back(fleet, node, run_playbook):
     assert result.rc == 0, result
     assert result.task("Write the serving environment file", node).changed
     assert server_info(fleet, node)["gpufleet_lab"]["fault"] == "none"
+
+
+NEW_SET = [
+    "lab-torch==2.11.0+cu130",
+    "lab-flashinfer-python==0.6.4",
+    "lab-flashinfer-cubin==0.6.4",
+    "lab-flashinfer-jit-cache==0.6.4+cu130",
+    "lab-sgl-kernel==0.3.21+cu130",
+    "lab-sglang==0.5.9",
+]
+
+
+def test_after_the_upgrade_both_gates_pass(fleet, node, run_playbook, node_exec, lab_mirrors):
+    """Pre-upgrade baseline on the old venv, then a 0.5.9 venv behind `current` and the restart topic."""
+    bench_lab = "tests/integration/playbooks/bench_lab.yml"
+    result = run_playbook(bench_lab, fleet.inventory, extravars={**OLD, "bench_fail_on_gate": False})
+    assert result.rc == 0, result
+    node_exec(node, ["mkdir", "-p", "/var/lib/gpufleet/backups/it"], check=True)
+    node_exec(
+        node, ["cp", "/var/lib/gpufleet/results/bench.json", "/var/lib/gpufleet/backups/it/bench.json"], check=True
+    )
+
+    # What venv_rebuild does, by hand: a new venv, then the `current` link switched atomically.
+    venv = "/opt/gpufleet/serving/venvs/bench-it-new"
+    node_exec(node, ["python3", "-m", "venv", venv], check=True)
+    index = lab_mirrors.urls["lab-main"]
+    node_exec(
+        node,
+        [f"{venv}/bin/pip", "install", "-q", "--disable-pip-version-check", "--index-url", index, *NEW_SET],
+        check=True,
+    )
+    node_exec(
+        node,
+        [
+            "sh",
+            "-c",
+            "ln -sfn venvs/bench-it-new /opt/gpufleet/serving/.current.tmp && "
+            "mv -T /opt/gpufleet/serving/.current.tmp /opt/gpufleet/serving/current",
+        ],
+        check=True,
+    )
+    result = run_playbook(
+        "tests/integration/playbooks/serving_restart.yml", fleet.inventory, extravars={"gpufleet_stack_profile": "lab"}
+    )
+    assert result.rc == 0, result
+    info = server_info(fleet, node)
+    assert info["version"] == "0.5.9"
+    assert info["gpufleet_lab"]["cuda_home"] == "/usr/local/cuda-13.0"
+    assert info["gpufleet_lab"]["sys_prefix_realpath"] == venv
+
+    result = run_playbook(
+        bench_lab,
+        fleet.inventory,
+        extravars={"gpufleet_stack_profile": "lab", "bench_baseline_path": "/var/lib/gpufleet/backups/it/bench.json"},
+    )
+    assert result.rc == 0, result
+    gated = result.task("Benchmark the serving unit and apply the gates", node).res
+    gates = {g["name"]: g for g in gated["gates"]}
+    assert gates["regression"]["passed"] and not gates["regression"]["skipped"]
+    assert gates["regression"]["checks"][0]["change_pct"] > 50  # 54.1 -> 96.1 tok/s is +77.6 %
+    assert gates["speculation"]["passed"] and gates["speculation"]["checks"][0]["speedup"] > 1.3
+    assert 0.8 * 96.1 < gated["bench"]["output_tok_s"] < 96.2
