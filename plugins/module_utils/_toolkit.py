@@ -112,7 +112,7 @@ def parse_alternatives(text: str) -> dict | None:
     out = {"mode": None, "value": None, "link": None, "choices": []}
     current = None
     for line in text.splitlines():
-        key, _, value = line.partition(":")
+        key, dummy, value = line.partition(":")
         value = value.strip()
         if key == "Status":
             out["mode"] = value

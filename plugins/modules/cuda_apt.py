@@ -32,13 +32,17 @@ options:
     description: File the O(repo) line goes to.
     type: path
     default: /etc/apt/sources.list.d/gpufleet-cuda.list
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""
@@ -67,10 +71,10 @@ ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
 
 
 def installed_version(module, package):
-    rc, out, _ = module.run_command(["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package])
+    rc, out, dummy = module.run_command(["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package])
     if rc != 0:
         return None
-    status, _, version = out.partition("|")
+    status, dummy, version = out.partition("|")
     return version.strip() if status.startswith("ii") else None
 
 

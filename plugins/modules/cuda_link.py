@@ -39,13 +39,17 @@ options:
     description: The alternatives group NVIDIA's packages use.
     type: str
     default: cuda
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""
@@ -129,7 +133,7 @@ def main():
     tool = module.get_bin_path("update-alternatives")
     query = None
     if tool and now.get("target") and now["target"].startswith("/etc/alternatives/"):
-        rc, out, _ = module.run_command([tool, "--query", name])
+        rc, out, dummy = module.run_command([tool, "--query", name])
         query = tk.parse_alternatives(out) if rc == 0 else None
     result = {"changed": False, "via_alternatives": query is not None, "commands": [], "resolved": now["resolved"]}
     if query is not None:

@@ -57,13 +57,17 @@ options:
     description: User-Agent sent to the mirror, so its logs can attribute the traffic to a fleet run.
     type: str
     default: gpufleet.upgrade.cuda_redist_fetch
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""

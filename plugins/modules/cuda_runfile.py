@@ -41,13 +41,17 @@ options:
     description: Free bytes needed next to O(dest) before starting.
     type: int
     default: 0
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""
@@ -90,7 +94,7 @@ TEXT_LIMIT = 1 << 20
 def relocate(root, old, new):
     """Installers write their --toolkitpath into a few text files; point those at the final folder."""
     old_b, new_b = old.encode(), new.encode()
-    for dirpath, _, files in os.walk(root):
+    for dirpath, _dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(dirpath, name)
             if os.path.islink(path) or os.path.getsize(path) > TEXT_LIMIT:
@@ -143,7 +147,7 @@ def install(module, dest, staging):
             stderr=err,
             kind="installer",
         )
-    release, _ = tk.summarize_version_json(tk.read_version_json(staging))
+    release, dummy = tk.summarize_version_json(tk.read_version_json(staging))
     if release != p["release"]:
         fail(
             module,

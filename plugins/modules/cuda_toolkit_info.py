@@ -49,13 +49,17 @@ options:
     description: Run each toolkit's C(bin/nvcc --version) and report its result.
     type: bool
     default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""
@@ -79,11 +83,21 @@ toolkits:
   type: list
   elements: dict
   contains:
-    path: {description: Toolkit directory., type: str}
-    version: {description: Release from C(version.json) (C(13.0.2)) or, without it, from nvcc., type: str}
-    components: {description: Component name to version, from C(version.json)., type: dict}
-    nvcc: {description: "C(release)/C(version) that C(nvcc --version) printed, C(ok) whether it ran.", type: dict}
-    managed: {description: Installed by this collection (it left its marker file)., type: bool}
+    path:
+      description: Toolkit directory.
+      type: str
+    version:
+      description: Release from C(version.json) (C(13.0.2)) or, without it, from nvcc.
+      type: str
+    components:
+      description: Component name to version, from C(version.json).
+      type: dict
+    nvcc:
+      description: C(release)/C(version) that C(nvcc --version) printed, C(ok) whether it ran, C(missing) if absent.
+      type: dict
+    managed:
+      description: Installed by this collection (it left its marker file).
+      type: bool
 link:
   description: The C(cuda) link, with C(path), C(exists), C(is_link), C(target) (one hop), C(resolved) (final path).
   returned: always
@@ -145,7 +159,7 @@ def alternatives(module, name):
     tool = module.get_bin_path("update-alternatives")
     if not tool:
         return None
-    rc, out, _ = module.run_command([tool, "--query", name])
+    rc, out, dummy = module.run_command([tool, "--query", name])
     return tk.parse_alternatives(out) if rc == 0 else None
 
 
