@@ -18,9 +18,11 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
 from ansible_collections.gpufleet.upgrade.plugins.modules import (
+    cuda_apt,
     cuda_link,
     cuda_redist,
     cuda_redist_fetch,
+    cuda_runfile,
     cuda_toolkit_info,
 )
 
@@ -233,6 +235,20 @@ def test_redist_tampered_archive_on_host_leaves_nothing(pushed, tmp_path):
     assert os.listdir(root) == []
 
 
+def test_redist_clears_a_staging_folder_left_by_an_interrupted_run(pushed, tmp_path):
+    plan, archive_dir = pushed
+    root = tmp_path / "root"
+    stale = root / ".cuda-13.0.gpufleet-staging"
+    (stale / "bin").mkdir(parents=True)
+    (stale / "bin" / "half-written").write_bytes(b"\0" * 10)
+    ok, res = call(cuda_redist, redist_args(root, plan, archive_dir), check=True)
+    assert ok and res["changed"] and res["status_before"] == "absent"
+    ok, res = call(cuda_redist, redist_args(root, plan, archive_dir))
+    assert ok and res["changed"]
+    assert sorted(os.listdir(root)) == ["cuda-13.0"]
+    assert not (root / "cuda-13.0" / "bin" / "half-written").exists()
+
+
 def test_redist_refuses_a_folder_that_is_not_a_toolkit(pushed, tmp_path):
     plan, archive_dir = pushed
     root = tmp_path / "root"
@@ -339,3 +355,70 @@ def test_alternatives_plan():
     pinned = {"mode": "manual", "value": "/usr/local/cuda-12.8", "choices": [{"path": "/usr/local/cuda-12.8"}]}
     assert cuda_link.plan_alternatives("cuda", "/usr/local/cuda", "/usr/local/cuda-12.8", pinned) == []
     assert cuda_link.plan_alternatives("cuda", "/usr/local/cuda", None, pinned) == [["--remove-all", "cuda"]]
+
+
+RUNFILE = """#!/bin/sh
+set -e
+for arg in "$@"; do case "$arg" in --toolkitpath=*) TK="${arg#--toolkitpath=}" ;; esac; done
+mkdir -p "$TK/bin" "$TK/pkgconfig"
+printf '#!/bin/sh\\necho "Cuda compilation tools, release 13.0, V13.0.88"\\n' > "$TK/bin/nvcc"
+chmod 755 "$TK/bin/nvcc"
+printf '{"cuda": {"name": "CUDA SDK", "version": "%s"}}' "${RELEASE:-13.0.2}" > "$TK/version.json"
+printf 'cudaroot=%s\\n' "$TK" > "$TK/pkgconfig/cudart.pc"
+"""
+
+
+@pytest.fixture
+def runfile(tmp_path):
+    path = tmp_path / "cuda_13.0.2_lab.run"
+    path.write_text(RUNFILE)
+    return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def runfile_args(root, runfile, **kw):
+    path, sha = runfile
+    return dict({"runfile": path, "sha256": sha, "dest": str(root / "cuda-13.0"), "release": "13.0.2"}, **kw)
+
+
+def test_runfile_installs_through_staging_and_relocates(tmp_path, runfile):
+    root = tmp_path / "root"
+    root.mkdir()
+    ok, res = call(cuda_runfile, runfile_args(root, runfile), check=True, diff=True)
+    assert ok and res["changed"] and os.listdir(root) == []
+    ok, res = call(cuda_runfile, runfile_args(root, runfile))
+    assert ok and res["changed"] and res["nvcc_version"] == "13.0.88", res
+    assert sorted(os.listdir(root)) == ["cuda-13.0"]
+    assert (root / "cuda-13.0" / "pkgconfig" / "cudart.pc").read_text() == f"cudaroot={root / 'cuda-13.0'}\n"
+    ok, res = call(cuda_runfile, runfile_args(root, runfile))
+    assert ok and not res["changed"]
+
+
+def test_runfile_wrong_sha_or_release_leaves_nothing(tmp_path, runfile, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    ok, res = call(cuda_runfile, runfile_args(root, runfile, sha256="0" * 64))
+    assert not ok and res["kind"] == "sha256" and "cuda_toolkit_runfile_sha256" in res["msg"]
+    monkeypatch.setenv("RELEASE", "13.0.1")
+    ok, res = call(cuda_runfile, runfile_args(root, runfile))
+    assert not ok and res["kind"] == "version" and "13.0.1" in res["msg"]
+    assert os.listdir(root) == []
+
+
+def test_apt_check_mode_reports_the_pinned_package(monkeypatch, tmp_path):
+    calls = []
+
+    def run_command(self, args, **kw):
+        calls.append(args)
+        return (0, "ii |13.0.1-1", "") if args[0] == "dpkg-query" else (0, "", "")
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    args = {"package": "cuda-toolkit-13-0", "version": "13.0.2-1", "repo": "deb [trusted=yes] file:/srv/repo ./"}
+    args["repo_file"] = str(tmp_path / "gpufleet-cuda.list")
+    ok, res = call(cuda_apt, args, check=True, diff=True)
+    assert ok and res["changed"] and res["version_before"] == "13.0.1-1"
+    assert "cuda-toolkit-13-0=13.0.2-1" in res["diff"]["after"]
+    assert [c[0] for c in calls] == ["dpkg-query"]
+    assert not (tmp_path / "gpufleet-cuda.list").exists()
+    (tmp_path / "gpufleet-cuda.list").write_text(args["repo"] + "\n")
+    ok, res = call(cuda_apt, dict(args, version="13.0.1-1"), check=True)
+    assert ok and not res["changed"]
