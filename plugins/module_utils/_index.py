@@ -101,7 +101,14 @@ class Fetcher:
             except (urllib.error.URLError, OSError):
                 raw = None
         if raw is None:
-            raw = self._metadata_from_wheel(cand)
+            try:
+                raw = self._metadata_from_wheel(cand)
+            except zipfile.BadZipFile as exc:
+                raise PlanError(f"{cand.filename} from index {cand.index!r} is not a valid wheel: {exc}") from exc
+            except (urllib.error.URLError, OSError) as exc:
+                raise IndexUnreachable(
+                    f"reading the METADATA of {cand.url} (index {cand.index!r}) failed: {getattr(exc, 'reason', exc)}"
+                ) from exc
         return Metadata.from_email(raw, validate=False)
 
     def _metadata_from_wheel(self, cand: Candidate) -> bytes:

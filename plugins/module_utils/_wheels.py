@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from urllib.parse import urldefrag, urljoin
 
-from packaging.metadata import Metadata
+from packaging.metadata import InvalidMetadata, Metadata
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import compatible_tags, cpython_tags
@@ -409,10 +409,15 @@ def _any_version(rule: PackageRule) -> PackageRule:
 
 def metadata_problem(cand: Candidate, metadata: Metadata) -> str | None:
     """A wheel whose METADATA disagrees with its file name (e.g. a +cu130 wheel whose METADATA lacks +cu130)."""
-    if canonicalize_name(metadata.name) != cand.project:
-        return f"METADATA names {metadata.name!r}, the file name says {cand.project!r}"
-    if metadata.version != cand.version:
-        return f"METADATA version {metadata.version} disagrees with the file name's {cand.version}"
+    try:
+        name, version = metadata.name, metadata.version
+        metadata.requires_dist  # noqa: B018 - parsed lazily: a broken Requires-Dist shows here, not mid-plan
+    except (InvalidMetadata, ValueError) as exc:
+        return f"METADATA is unreadable: {exc}"
+    if canonicalize_name(name) != cand.project:
+        return f"METADATA names {name!r}, the file name says {cand.project!r}"
+    if version != cand.version:
+        return f"METADATA version {version} disagrees with the file name's {cand.version}"
     return None
 
 

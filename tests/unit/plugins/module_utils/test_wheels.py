@@ -486,3 +486,9 @@ def test_pick_file_takes_best_fitting_wheel():
     ]
     assert w.pick_file(wheels, TARGET)["sha256"] == "c"
     assert w.pick_file(wheels[3:], TARGET) is None
+
+
+def test_unreadable_metadata_rejects_the_wheel():
+    broken = Metadata.from_email("Metadata-Version: 2.1\nName: six\nVersion: not a version\n", validate=False)
+    problem = w.metadata_problem(cand("six-1.17.0-py3-none-any.whl"), broken)
+    assert problem is not None and problem.startswith("METADATA is unreadable")
