@@ -112,6 +112,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--order", nargs="+", choices=["old", "new"], default=["old", "new"])
     args = parser.parse_args()
     procs = []
     with tempfile.TemporaryDirectory(prefix="bench-spec-decode-") as workdir:
@@ -129,7 +130,7 @@ def main():
             )
             print(header)
             print("-" * len(header))
-            for stack in ("old", "new"):
+            for stack in args.order:
                 options = {
                     "server_url": urls[(stack, True)],
                     "nospec_server_url": urls[(stack, False)],
