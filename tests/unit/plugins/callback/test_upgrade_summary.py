@@ -1,0 +1,32 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+from ansible_collections.gpufleet.upgrade.plugins.callback.upgrade_summary import render
+
+
+def test_render_orders_phases_and_counts_outcomes():
+    reports = {
+        "n2": {
+            "outcome": "rolled back: after cuda_toolkit: injected",
+            "phases": {"rollback": "rolled back to b1", "preflight": "ok"},
+        },
+        "n1": {"outcome": "upgraded", "phases": {"postcheck": "ok", "backup": "ok: b0 (new)", "preflight": "ok"}},
+    }
+    text = render(reports, unreachable={"n3"}).splitlines()
+    assert text[1].startswith("GPUFLEET SUMMARY")
+    assert text[2:6] == [
+        "n1: upgraded",
+        "    preflight     ok",
+        "    backup        ok: b0 (new)",
+        "    postcheck     ok",
+    ]
+    assert text[6] == "n2: rolled back: after cuda_toolkit: injected"
+    assert text[7:9] == ["    preflight     ok", "    rollback      rolled back to b1"]
+    assert text[9] == "n3: unreachable: no report"
+    assert text[10] == "totals: rolled back 1, upgraded 1"
+
+
+def test_nothing_to_say():
+    assert render({}) == ""
