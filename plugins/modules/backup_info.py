@@ -18,7 +18,8 @@ description:
     "never upgraded".
   - Also runs on the controller against a fetched copy (C(delegate_to) localhost), where the lock is parsed with
     C(packaging).
-author: gpufleet maintainers
+author:
+  - gpufleet maintainers (@gpufleet)
 attributes:
   check_mode:
     support: full

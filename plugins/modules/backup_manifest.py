@@ -19,7 +19,8 @@ description:
     run are removed.
   - When the newest backup already describes the host as it is (same digest), it is reused and nothing changes.
   - Keeps the newest O(keep) backups.
-author: gpufleet maintainers
+author:
+  - gpufleet maintainers (@gpufleet)
 attributes:
   check_mode:
     support: full

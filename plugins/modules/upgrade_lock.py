@@ -18,7 +18,8 @@ description:
     reported; a lock held by another controller is refused with the fix (C(gpufleet_lock_break=<run id>)).
   - The lock is created with an atomic test-and-set (C(link)), so two runs racing for a free host cannot both win.
   - O(state=absent) removes the lock only when this run holds it.
-author: gpufleet maintainers
+author:
+  - gpufleet maintainers (@gpufleet)
 attributes:
   check_mode:
     support: full

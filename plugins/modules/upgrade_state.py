@@ -16,7 +16,8 @@ description:
   - Always returns RV(recovery), what this run must do first about the run recorded before it (none, restart, rollback
     or refuse). The rule is in docs/safety.md.
   - Writes atomically; writing the same facts again is no change.
-author: gpufleet maintainers
+author:
+  - gpufleet maintainers (@gpufleet)
 attributes:
   check_mode:
     support: full
