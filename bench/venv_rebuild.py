@@ -22,10 +22,13 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import packaging
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -41,6 +44,7 @@ SERVING = "/opt/gpufleet/serving"
 WHEELHOUSE = "/opt/gpufleet/wheelhouse"
 PY = "/usr/bin/python3.11"
 UV = "/opt/gpufleet/tools/bin/uv"
+PIP_MODULE_PY = "/opt/gpufleet/bench-ansible-py"
 BUILD_TASKS = ("Create the new venv with the host's Python", "Install exactly the lock from the host wheelhouse")
 
 
@@ -77,6 +81,13 @@ def main() -> int:
         if first.rc != 0:
             print(first, file=sys.stderr)
             return 1
+        # ansible.builtin.pip imports `packaging` on the host, which the node's system Python lacks: give the pip
+        # path an interpreter that has it (the controller's pure-Python copy), outside the timed runs.
+        sh(node, f"{PY} -m venv {PIP_MODULE_PY}")
+        subprocess.run(
+            ["podman", "cp", packaging.__path__[0], f"{node}:{PIP_MODULE_PY}/lib/python3.11/site-packages/"],
+            check=True,
+        )
         lock = json.loads(next(Path(controller, "locks").glob("lab-*.json")).read_text())
         venv = f"{SERVING}/venvs/{lock['venv_name']}"
         lock_file = f"{SERVING}/locks/{lock['venv_name']}.txt"
@@ -99,7 +110,13 @@ def main() -> int:
                 sh(node, f"rm -rf {SERVING}/bench-pip" + (" /root/.cache/pip" if cache == "cold" else ""))
                 t0 = time.monotonic()
                 res = run_playbook(
-                    PIP_PLAYBOOK, inventory, {"bench_lock_file": lock_file, "bench_venv": f"{SERVING}/bench-pip"}
+                    PIP_PLAYBOOK,
+                    inventory,
+                    {
+                        "bench_lock_file": lock_file,
+                        "bench_venv": f"{SERVING}/bench-pip",
+                        "ansible_python_interpreter": f"{PIP_MODULE_PY}/bin/python",
+                    },
                 )
                 wall = time.monotonic() - t0
                 assert res.rc == 0, res
