@@ -45,6 +45,7 @@ SGLANG = "lab-sglang==0.5.3"
 MODEL = Path("/srv/models/lab-model")
 DRAFT = Path("/srv/models/lab-draft")
 
+# Hand-built hosts serve with EAGLE-3 on the old stack too (the 54.1 tok/s net-loss case the upgrade fixes).
 UNIT_TEXT = """[Unit]
 Description=SGLang serving (gpufleet)
 After=network-online.target
@@ -52,7 +53,9 @@ After=network-online.target
 [Service]
 Type=simple
 EnvironmentFile=/etc/gpufleet/{unit}.env
-ExecStart={root}/current/bin/python -m lab_sglang --host 127.0.0.1 --port {port} --model-path {model}
+ExecStart={root}/current/bin/python -m lab_sglang --host 127.0.0.1 --port {port} --model-path {model} \
+  --speculative-algorithm EAGLE3 --speculative-draft-model-path /srv/models/lab-draft \
+  --speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16
 Restart=on-failure
 RestartSec=2
 
