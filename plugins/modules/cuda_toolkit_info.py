@@ -118,12 +118,20 @@ platform:
   description: C(uname -m) of the host.
   returned: always
   type: str
+redist_platform:
+  description: The host's platform key in NVIDIA's redist manifests (C(linux-x86_64), C(linux-sbsa)); null if none.
+  returned: always
+  type: str
 free_bytes:
   description: Free bytes on the file system of O(root).
   returned: always
   type: int
 writable:
   description: Whether the module's user may create directories in O(root).
+  returned: always
+  type: bool
+root_exists:
+  description: Whether O(root) is an existing directory.
   returned: always
   type: bool
 user:
@@ -137,6 +145,7 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _redist as rd
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
 
 
@@ -195,8 +204,10 @@ def main():
         "link": tk.link_state(p["link"] or os.path.join(root, "cuda")),
         "alternatives": alternatives(module, p["alternatives_name"]),
         "platform": os.uname().machine,
+        "redist_platform": rd.PLATFORM_BY_MACHINE.get(os.uname().machine),
         "free_bytes": stat.f_bavail * stat.f_frsize if stat else 0,
         "writable": os.access(root, os.W_OK | os.X_OK),
+        "root_exists": os.path.isdir(root),
         "user": user_name(),
     }
     if p["cuda_home"]:
