@@ -175,9 +175,16 @@ def file_record(path):
     }
 
 
+RESTORABLE = ("venv", "cuda", "files")
+
+
 def snapshot_digest(snapshot) -> str:
-    """Digest of what the host looks like, excluding times and ids: equal digests mean an equal host."""
-    return sha256_text(canonical(snapshot))
+    """Digest of what a restore puts back (venv, CUDA wiring, files): equal digests mean an equal host.
+
+    Baseline results are kept with a backup but are not host state: a new post-check result alone does not
+    make a new backup.
+    """
+    return sha256_text(canonical({key: snapshot.get(key) for key in RESTORABLE}))
 
 
 def build_manifest(backup_id, created, host, profile, run_id, snapshot, checksums, archive=None):

@@ -122,6 +122,7 @@ def test_rerun_on_an_upgraded_host_reuses_its_backup(fleet, run_playbook, node_e
 def test_rollback_refuses_another_hosts_or_profiles_manifest(fleet, run_playbook, node_exec):
     n1, n2 = fleet.nodes
     foreign = sh(node_exec, n1, "ls /var/lib/gpufleet/backups | tail -1")
+    before = host_state(node_exec, n2)
     data = subprocess.run(
         ["podman", "exec", n1, "tar", "-C", "/var/lib/gpufleet/backups", "-cf", "-", foreign],
         capture_output=True,
@@ -130,7 +131,6 @@ def test_rollback_refuses_another_hosts_or_profiles_manifest(fleet, run_playbook
     subprocess.run(
         ["podman", "exec", "-i", n2, "tar", "-C", "/var/lib/gpufleet/backups", "-xf", "-"], input=data, check=True
     )
-    before = host_state(node_exec, n2)
     result = rollback(fleet, run_playbook, limit=n2, extravars={"rollback_backup_id": foreign})
     assert result.rc != 0
     assert f"belongs to host '{n1}'" in result.stdout and "refused" in result.stdout

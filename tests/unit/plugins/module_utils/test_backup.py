@@ -155,7 +155,9 @@ class TestRecords:
         assert bk.file_record(str(tmp_path / "l"))["target"] == "f"
         assert bk.file_record(str(tmp_path / "none"))["state"] == "absent"
 
-    def test_digest_ignores_nothing_of_the_snapshot(self):
-        a = {"venv": {"path": "/a"}}
-        assert bk.snapshot_digest(a) == bk.snapshot_digest({"venv": {"path": "/a"}})
-        assert bk.snapshot_digest(a) != bk.snapshot_digest({"venv": {"path": "/b"}})
+    def test_digest_covers_what_a_restore_puts_back_only(self):
+        a = {"venv": {"path": "/a"}, "cuda": {"target": "/usr/local/cuda-12.8"}, "files": [], "results": []}
+        assert bk.snapshot_digest(a) == bk.snapshot_digest(dict(a, results=[{"sha256": "new"}]))
+        assert bk.snapshot_digest(a) != bk.snapshot_digest(dict(a, venv={"path": "/b"}))
+        assert bk.snapshot_digest(a) != bk.snapshot_digest(dict(a, cuda={"target": "/usr/local/cuda-13.0"}))
+        assert bk.snapshot_digest(a) != bk.snapshot_digest(dict(a, files=[{"path": "/etc/x", "sha256": "1"}]))

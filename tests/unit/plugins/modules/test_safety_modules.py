@@ -124,6 +124,9 @@ class TestBackupManifest:
         _, first = call(backup_manifest, backup_args(host))
         ok, again = call(backup_manifest, backup_args(host))
         assert ok and not again["changed"] and again["reused"] and again["backup_id"] == first["backup_id"]
+        (host / "state" / "results" / "bench.json").write_text('{"tok_s": 96.1}')
+        ok, results_only = call(backup_manifest, backup_args(host))
+        assert ok and results_only["reused"], "new results alone must not make a new backup"
         (host / "etc" / "gpufleet-serving.env").write_text("CUDA_HOME=/usr/local/cuda-13.0\n")
         _, check = call(backup_manifest, backup_args(host), check=True)
         assert check["changed"] and check["backup_id"] != first["backup_id"]
@@ -175,7 +178,6 @@ class TestBackupInfo:
         (folder / "manifest.json").write_text("{")
         ok, res = call(backup_info, base)
         assert not ok and "unusable" in res["msg"]
-
 
     def test_unlike_digest_skips_backups_of_the_present_state(self, host):
         _, old = call(backup_manifest, backup_args(host))
