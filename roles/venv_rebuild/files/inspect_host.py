@@ -4,9 +4,10 @@
 """Read, in one round trip, what venv_rebuild decides on: platform, Python, venvs, current, uv, free disk, and the
 packages of the current venv. Read-only; stdlib only; prints one JSON object.
 
-Usage: inspect_host.py SERVING_ROOT TOOLS_ROOT PYTHON
+Usage: inspect_host.py SERVING_ROOT TOOLS_ROOT PYTHON WHEELHOUSE
 """
 
+import hashlib
 import json
 import os
 import platform
@@ -44,7 +45,21 @@ def free_bytes(path):
     return stat.f_bavail * stat.f_frsize
 
 
-def main(serving_root, tools_root, python):
+def wheelhouse_hashes(folder):
+    """sha256 of every wheel already on the host: wheels of an unchanged lock are not copied again."""
+    out = {}
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.endswith(".whl"):
+                digest = hashlib.sha256()
+                with open(os.path.join(folder, name), "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(chunk)
+                out[name] = digest.hexdigest()
+    return out
+
+
+def main(serving_root, tools_root, python, wheelhouse):
     venvs_dir = os.path.join(serving_root, "venvs")
     venvs = []
     if os.path.isdir(venvs_dir):
@@ -75,10 +90,16 @@ def main(serving_root, tools_root, python):
                 "installed": installed,
                 "uv_version": uv.split()[1] if uv and re.match(r"^uv \S+", uv) else None,
                 "free_bytes": free_bytes(serving_root),
+                "wheelhouse": wheelhouse_hashes(wheelhouse),
+                "missing_dirs": [
+                    d
+                    for d in (os.path.join(serving_root, "venvs"), os.path.join(serving_root, "locks"), wheelhouse)
+                    if not os.path.isdir(d)
+                ],
             }
         )
     )
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Verify a freshly built serving venv before anything switches to it. Runs with the venv's own Python (stdlib only).
 
-Usage: python verify_venv.py SPEC.json -> prints one JSON object; exit 1 when a check fails.
+Usage: python verify_venv.py SPEC_JSON [UV] -> prints one JSON object; exit 1 when a check fails.
+With UV (path of uv), also runs ``uv pip check`` on this venv.
 SPEC: {"packages": {name: version}, "imports": [dist], "torch_like": [dist], "cuda_version": "13.0",
        "local_tags": {dist: tag}, "same_version": [[dist, ...]]}
 """
@@ -13,6 +14,7 @@ import importlib
 import importlib.metadata as md
 import json
 import re
+import subprocess
 import sys
 
 
@@ -42,9 +44,16 @@ def top_level_modules(dist_name):
     return sorted(names)
 
 
-def main(spec_path):
-    with open(spec_path, encoding="utf-8") as handle:
-        spec = json.load(handle)
+def pip_check(uv):
+    """uv pip check of this venv: every requirement of every installed distribution is met."""
+    proc = subprocess.run(
+        [uv, "pip", "check", "--no-config", "--python", sys.executable], capture_output=True, text=True, check=False
+    )
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def main(spec_text, uv=None):
+    spec = json.loads(spec_text)
     failures, checks = [], {}
     installed = {canon(d.metadata["Name"]): d.version for d in md.distributions()}
     for name, version in spec["packages"].items():
@@ -87,9 +96,14 @@ def main(spec_path):
             shown = ", ".join(f"{n} {v}" for n, v in versions.items())
             failures.append(f"same-version group does not match: {shown}")
         checks["same_version"] = [*checks.get("same_version", []), versions]
+    if uv:
+        rc, out = pip_check(uv)
+        checks["pip_check"] = out
+        if rc != 0:
+            failures.append(f"uv pip check: {out}")
     print(json.dumps({"ok": not failures, "failures": failures, "checks": checks}, sort_keys=True))
     return 0 if not failures else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

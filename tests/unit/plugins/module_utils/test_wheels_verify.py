@@ -1,0 +1,69 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The venv checks of role venv_rebuild (roles/venv_rebuild/files/verify_venv.py), run against this Python."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[4] / "roles" / "venv_rebuild" / "files" / "verify_venv.py"
+
+
+def verify(spec):
+    proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(spec)], capture_output=True, text=True, check=False)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_installed_set_that_matches_passes_and_finds_import_names():
+    rc, out = verify({"packages": {"PyYAML": md.version("PyYAML")}, "imports": ["PyYAML", "packaging"]})
+    assert rc == 0 and out["ok"], out
+    assert out["checks"]["imports"]["PyYAML"] == ["yaml"]
+    assert out["checks"]["imports"]["packaging"] == ["packaging"]
+
+
+def test_version_other_than_the_lock_fails():
+    rc, out = verify({"packages": {"packaging": "0.1"}})
+    assert rc == 1 and out["failures"] == [f"packaging: installed {md.version('packaging')}, the lock says 0.1"]
+
+
+def test_missing_local_tag_fails():
+    rc, out = verify({"packages": {}, "local_tags": {"packaging": "cu130"}})
+    assert rc == 1 and "CUDA local tag '(none)', the profile requires 'cu130'" in out["failures"][0]
+
+
+def test_same_version_group_that_differs_fails():
+    rc, out = verify({"packages": {}, "same_version": [["packaging", "PyYAML"]]})
+    assert rc == 1 and out["failures"][0].startswith("same-version group does not match: packaging")
+
+
+def test_torch_like_cuda_is_compared_with_the_profile(tmp_path):
+    # a stand-in distribution whose module has version.cuda, installed into a throwaway path
+    site = tmp_path / "site"
+    (site / "fake_torch").mkdir(parents=True)
+    (site / "fake_torch" / "__init__.py").write_text("")
+    (site / "fake_torch" / "version.py").write_text("cuda = '12.8'\n")
+    info = site / "fake_torch-2.11.0+cu130.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-torch\nVersion: 2.11.0+cu130\n")
+    (info / "RECORD").write_text("fake_torch/__init__.py,,\nfake_torch/version.py,,\n")
+    spec = {
+        "packages": {"fake-torch": "2.11.0+cu130"},
+        "imports": ["fake-torch"],
+        "torch_like": ["fake-torch"],
+        "cuda_version": "13.0",
+        "local_tags": {"fake-torch": "cu130"},
+    }
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": str(site)},
+    )
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert out["failures"] == ["fake_torch.version.cuda is '12.8', the profile's CUDA is '13.0'"]
