@@ -32,6 +32,15 @@ import json  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
 
+OUTCOME_KINDS = (
+    "upgraded",
+    "would upgrade",
+    "rolled back",
+    "failed preflight",
+    "failed before any change",
+    "ROLLBACK FAILED",
+    "nothing to roll back",
+)
 PHASE_ORDER = ("preflight", "recover", "backup", "cuda_toolkit", "venv_rebuild", "postcheck", "rollback")
 
 
@@ -50,7 +59,8 @@ def render(reports, unreachable=()):
         lines.append(f"{host}: unreachable: no report")
     counts = {}
     for report in reports.values():
-        key = str(report.get("outcome", "unknown")).split(":", 1)[0]
+        outcome = str(report.get("outcome", "unknown"))
+        key = next((kind for kind in OUTCOME_KINDS if outcome.startswith(kind)), outcome.split(":", 1)[0])
         counts[key] = counts.get(key, 0) + 1
     lines.append("totals: " + ", ".join(f"{key} {value}" for key, value in sorted(counts.items())))
     return "\n".join(lines)

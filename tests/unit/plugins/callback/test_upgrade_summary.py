@@ -28,5 +28,14 @@ def test_render_orders_phases_and_counts_outcomes():
     assert text[10] == "totals: rolled back 1, upgraded 1"
 
 
+def test_totals_group_outcomes_by_kind():
+    reports = {
+        "a": {"outcome": "rolled back to backup b1: host already matched it"},
+        "b": {"outcome": "rolled back to backup b2: current -> /v"},
+        "c": {"outcome": "failed preflight: c: 1.00 GiB free"},
+    }
+    assert render(reports).splitlines()[-1] == "totals: failed preflight 1, rolled back 2"
+
+
 def test_nothing_to_say():
     assert render({}) == ""
