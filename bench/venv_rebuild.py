@@ -91,7 +91,7 @@ def main() -> int:
         lock = json.loads(next(Path(controller, "locks").glob("lab-*.json")).read_text())
         venv = f"{SERVING}/venvs/{lock['venv_name']}"
         lock_file = f"{SERVING}/locks/{lock['venv_name']}.txt"
-        size_mb = sum(e["size"] or 0 for e in lock["packages"]) / 1e6
+        size_kb = sum(e["size"] or 0 for e in lock["packages"]) / 1e3
         rows = {}
 
         def record(method, cache, seconds, build=None):
@@ -135,7 +135,7 @@ def main() -> int:
 
         med = {k: statistics.median(s for s, _ in v) for k, v in rows.items()}
         med_build = {k: statistics.median(b for _, b in v) for k, v in rows.items()}
-        print(f"lock {lock['venv_name']}: {len(lock['packages'])} wheels, {size_mb:.1f} MB; repeats {args.repeats}")
+        print(f"lock {lock['venv_name']}: {len(lock['packages'])} wheels, {size_kb:.0f} kB; repeats {args.repeats}")
         print(f"{'method':8} {'cache':5} {'wall s (median)':>16} {'install step s':>15}")
         for (method, cache), value in sorted(med.items()):
             print(f"{method:8} {cache:5} {value:16.2f} {med_build[(method, cache)]:15.2f}")
