@@ -282,8 +282,13 @@ def test_serving_unit_wont_start_and_failing_preflight(fleet, run_playbook, node
         "&& systemctl daemon-reload && systemctl restart gpufleet-serving",
     )
     try:
-        result = upgrade(fleet, run_playbook, gpufleet_fault_inject=per_host({n1: "after_preflight"}, "none"))
-        outcomes = {n: (report_of(result, n), host_checks(fleet, node_exec, n, baseline)) for n in (n1, n2)}
+        # One run per host: a host refused early must not change what the other host's run does.
+        refused = upgrade(fleet, run_playbook, limit=n1, gpufleet_fault_inject="after_preflight")
+        wont_start = upgrade(fleet, run_playbook, limit=n2)
+        outcomes = {
+            n1: (report_of(refused, n1), host_checks(fleet, node_exec, n1, baseline)),
+            n2: (report_of(wont_start, n2), host_checks(fleet, node_exec, n2, baseline)),
+        }
     finally:
         sh(node_exec, n2, f"rm -f {WONT_START_DROPIN} && systemctl daemon-reload && systemctl restart gpufleet-serving")
     converged, _ = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
