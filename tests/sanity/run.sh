@@ -11,4 +11,4 @@ git ls-files -co --exclude-standard | grep -v '^lab/\|^bench/' | tar -cT - | tar
 cd "$dest"
 git init -q && git add -A && git -c user.email=ci@localhost -c user.name=ci commit -qm sanity
 "$repo/.venv/bin/ansible-test" sanity --python "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" \
-  --exclude lab/ --exclude bench/ "$@" 2>&1 | grep -v -E '^(Looking in|WARNING: Location|Collecting|Downloading|  Downloading|Using cached|Successfully|Installing collected|Requirement already| +━)' 
+  "$@" 2>&1 | grep -v -E '^(Looking in|WARNING: Location|Collecting|Downloading|  Downloading|Using cached|Successfully|Installing collected|Requirement already| +━)' 
