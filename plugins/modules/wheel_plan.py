@@ -135,7 +135,7 @@ fetch:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - after the documentation, as Ansible expects
+from ansible.module_utils.basic import AnsibleModule
 
 ARGUMENT_SPEC = {
     "profile": {"type": "dict"},
