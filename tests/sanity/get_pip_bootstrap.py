@@ -1,6 +1,7 @@
-# Offline stand-in for the pip bootstrap script that ansible-test fetches from its own file server (unreachable here).
-# ansible-test runs it as get-pip.py: bootstrap pip into a fresh virtual environment, then install the packages named
-# on the command line. The interpreter's own ensurepip does the first part, pip (with the machine's index config) the rest.
+# Offline stand-in for the pip bootstrap script that ansible-test fetches from its own file server (unreachable
+# here). ansible-test runs it as get-pip.py: bootstrap pip into a fresh virtual environment, then install the
+# packages named on the command line. The interpreter's own ensurepip does the first part, pip (with the
+# machine's index configuration) the rest.
 import subprocess
 import sys
 
