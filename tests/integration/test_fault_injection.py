@@ -46,7 +46,12 @@ PARKED = (
     "python3 -c \"import json; s = json.load(open('/var/lib/gpufleet/state.json')); print(s['phase'], s['status'])\" "
     "2>/dev/null | tr -d '\\n'; pgrep -f 'sleep 900' >/dev/null && echo ' parked'"
 )
-SUMMARY_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "gpufleet.upgrade.upgrade_summary"}
+# The lab shares two cores with other work: give SSH room so a busy machine is not an unreachable host.
+SUMMARY_ENV = {
+    "ANSIBLE_CALLBACKS_ENABLED": "gpufleet.upgrade.upgrade_summary",
+    "ANSIBLE_TIMEOUT": "60",
+    "ANSIBLE_SSH_RETRIES": "3",
+}
 ROWS: list[dict] = []
 
 
@@ -98,7 +103,9 @@ def host_checks(fleet, node_exec, node, baseline):
 
 
 def report_of(result, node):
-    return result.task("Publish the host's report", host=node).res["ansible_facts"]["gpufleet_upgrade_report"]
+    found = [t for t in result.tasks("Publish the host's report", host=node) if "ansible_facts" in t.res]
+    assert found, f"{node} published no report\n{result}"
+    return found[-1].res["ansible_facts"]["gpufleet_upgrade_report"]
 
 
 def per_host(values, default):
@@ -131,6 +138,7 @@ def converge_and_reset(fleet, run_playbook, node_exec, first_backup, nodes=None)
             "playbooks/rollback.yml",
             fleet.inventory,
             extravars={"rollback_backup_id": first_backup[node], "rollback_server_info_url": ""},
+            envvars=SUMMARY_ENV,
             limit=node,
         )
         assert back.rc == 0, str(back)
