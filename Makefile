@@ -61,7 +61,7 @@ molecule: mirrors
 	molecule test --all
 
 integration: mirrors
-	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q --durations=25 $(PYTEST_ARGS)
 
 build: setup
 	ansible-galaxy collection build --force --output-path build/
