@@ -7,6 +7,7 @@ plus a rollback that has to rebuild a removed venv from the manifest's lock."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -63,7 +64,8 @@ def rollback(fleet, run_playbook, **kw):
 
 @pytest.fixture(scope="module")
 def fleet(lab_fleet):
-    return lab_fleet(2, name="safe-up")
+    # A name per session: two sessions running this module must not recreate each other's nodes.
+    return lab_fleet(2, name=f"safe-up-{os.getpid() % 100000}")
 
 
 def test_rollback_of_a_never_upgraded_host_is_a_noop(fleet, run_playbook, node_exec):
@@ -114,7 +116,7 @@ def test_lock_of_another_controller_refuses_until_broken(fleet, run_playbook, no
         assert report_of(result, n)["outcome"] == "upgraded"
         assert served_sglang(fleet, node_exec, n) == NEW_SGLANG
         assert sh(node_exec, n, f"test -e {LOCK} || echo free") == "free"
-    assert "safe-up-node2: upgraded" in result.stdout and "totals: upgraded 2" in result.stdout
+    assert f"{fleet.nodes[1]}: upgraded" in result.stdout and "totals: upgraded 2" in result.stdout
 
 
 def test_rerun_on_an_upgraded_host_reuses_its_backup(fleet, run_playbook, node_exec):
