@@ -115,6 +115,8 @@ def per_host(values, default):
 
 def upgrade(fleet, run_playbook, limit=None, **extravars):
     extravars.setdefault("gpufleet_batch_size", len(fleet.nodes))
+    # Every round adds backups; the first one (old state) is where each round resets to: keep it.
+    extravars.setdefault("backup_keep", 30)
     extravars.setdefault("gpufleet_max_fail_percentage", 100)
     return run_playbook("playbooks/upgrade.yml", fleet.inventory, extravars=extravars, envvars=SUMMARY_ENV, limit=limit)
 
@@ -237,7 +239,7 @@ def run_round(fleet, run_playbook, node_exec, baseline, first_backup, faults, ho
         report = report_of(result, node)
         first_backup.setdefault(node, report["backup_id"])
         outcomes[node] = (report, host_checks(fleet, node_exec, node, baseline))
-    converged, _ = converge_and_reset(fleet, run_playbook, node_exec, first_backup, nodes)
+    converged, _result = converge_and_reset(fleet, run_playbook, node_exec, first_backup, nodes)
     for node in nodes:
         report, checks = outcomes[node]
         record(faults[node], how[node], node, report, checks, converged[node])
@@ -300,7 +302,7 @@ def test_serving_unit_wont_start_and_failing_preflight(fleet, run_playbook, node
         }
     finally:
         sh(node_exec, n2, f"rm -f {WONT_START_DROPIN} && systemctl daemon-reload && systemctl restart gpufleet-serving")
-    converged, _ = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
+    converged, _result = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
     record("after_preflight", "failing task", n1, outcomes[n1][0], outcomes[n1][1], converged[n1])
     record(
         "venv_rebuild (restart)",
@@ -354,7 +356,7 @@ def test_killed_run_is_rolled_back_by_the_next_run(fleet, run_playbook, node_exe
         assert "interrupted at phase venv_rebuild" in report["phases"].get("recover", ""), report
         lock_task = result.task("Take the upgrade lock", host=n)
         assert "stale lock of dead run" in lock_task.msg, lock_task.msg
-    converged, _ = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
+    converged, _result = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
     for n in fleet.nodes:
         report, checks = outcomes[n]
         report = dict(report, outcome="rolled back by the next run: " + report["phases"]["recover"])
@@ -420,7 +422,7 @@ def test_corrupted_download_and_full_disk(
         subprocess.run(
             [*mount, "umount /usr/local/.gpufleet-redist; rmdir /usr/local/.gpufleet-redist || true"], check=False
         )
-    converged, _ = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
+    converged, _result = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
     record("cuda_toolkit (download)", "corrupted archive from the mirror", n1, out1[0], out1[1], converged[n1])
     record(
         "cuda_toolkit (push)", "full disk (256 KiB tmpfs under the archive dir)", n2, out2[0], out2[1], converged[n2]
