@@ -9,10 +9,16 @@ import json
 import os
 import tempfile
 
+from ansible.module_utils.basic import missing_required_lib
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._index import Fetcher
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import PlanError, Target
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
+    HAS_PACKAGING,
+    PACKAGING_IMPORT_ERROR,
+    PlanError,
+    Target,
+)
 from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import (
     fetch_wheelhouse,
@@ -30,8 +36,13 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         host = task_vars.get("inventory_hostname", "controller")
+        if not HAS_PACKAGING:
+            # The plan runs on the controller: the library is missing from the Python that runs ansible.
+            self._fail(result, f"{host}: {missing_required_lib('packaging')}")
+            result["exception"] = PACKAGING_IMPORT_ERROR
+            return result
         profile = args["profile"] or self._var(task_vars, "gpufleet_stack")
         controller_dir = args["controller_dir"] or self._var(task_vars, "gpufleet_controller_dir")
         if not profile:

@@ -13,12 +13,21 @@ import io
 import json
 import os
 import tempfile
+import traceback
 import urllib.error
-import urllib.request
 import zipfile
 
-from packaging.metadata import Metadata
-from packaging.utils import canonicalize_name
+try:
+    from packaging.metadata import Metadata
+    from packaging.utils import canonicalize_name
+
+    HAS_PACKAGING = True
+    PACKAGING_IMPORT_ERROR = None
+except ImportError:  # the planner runs on the controller; callers check HAS_PACKAGING before planning
+    HAS_PACKAGING = False
+    PACKAGING_IMPORT_ERROR = traceback.format_exc()
+
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
     Candidate,
@@ -50,9 +59,17 @@ class Fetcher:
         self.downloads = []
 
     def _open(self, url: str, headers=None, method="GET"):
-        req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})}, method=method)
         self.requests += 1
-        return urllib.request.urlopen(req, timeout=self.timeout)
+        # decompress and netrc off: range reads need the raw bytes, and requests carry only the headers given here.
+        return open_url(
+            url,
+            headers={"User-Agent": USER_AGENT, **(headers or {})},
+            method=method,
+            timeout=self.timeout,
+            http_agent=USER_AGENT,
+            decompress=False,
+            use_netrc=False,
+        )
 
     def listing(self, index: str, base_url: str, project: str) -> list:
         """Every wheel the index lists for a project; an empty list when the index does not carry it."""

@@ -450,7 +450,7 @@ def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters)
         dist.all_reduce(y)  # warm-up of the timed path
         _sync(device)
         t0 = time.perf_counter()
-        for _ in range(iters):
+        for _iteration in range(iters):
             dist.all_reduce(y)
         _sync(device)
         per_op = (time.perf_counter() - t0) / iters
@@ -505,4 +505,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as a standalone subprocess by the smoke runner, never as module code: the exit status is its protocol.
+    sys.exit(main())  # pylint: disable=ansible-bad-function

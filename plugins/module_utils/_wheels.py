@@ -15,16 +15,24 @@ import datetime as _dt
 import hashlib
 import json
 import re
+import traceback
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from urllib.parse import urldefrag, urljoin
 
-from packaging.metadata import InvalidMetadata, Metadata
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.tags import compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+try:
+    from packaging.metadata import InvalidMetadata, Metadata
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.tags import compatible_tags, cpython_tags
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import Version
+
+    HAS_PACKAGING = True
+    PACKAGING_IMPORT_ERROR = None
+except ImportError:  # the planner runs on the controller; callers check HAS_PACKAGING before planning
+    HAS_PACKAGING = False
+    PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
 LOCK_SCHEMA = 1
 _DEV_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})")
@@ -541,7 +549,7 @@ def no_build_message(state: _State, banned: dict, pins: dict) -> str:
         + (f", local tag {rule.local_tag}" if rule.local_tag else "")
         + f" in indexes {', '.join(rule.indexes)}"
     ]
-    seen = [(c, r) for c, r in state.rejected] + [(c, banned.get(c.filename)) for c in state.eligible]
+    seen = list(state.rejected) + [(c, banned.get(c.filename)) for c in state.eligible]
     if not seen:
         lines.append("no wheel of this package was listed by any of its indexes")
     for cand, reason in seen:

@@ -28,7 +28,7 @@ description:
   - Every environment the module builds keeps NVLink multicast off (C(NCCL_NVLS_ENABLE=0),
     C(TORCH_SYMM_MEM_DISABLE_MULTICAST=1), C(NVSHMEM_DISABLE_NVLS=1)), whatever O(env) says.
 version_added: 0.1.0
-author: gpufleet maintainers
+author: gpufleet maintainers (@gpufleet)
 requirements:
   - torch (and flashinfer for its checks) in the venv; nothing beyond the standard library for the module itself
 options:
@@ -124,10 +124,12 @@ options:
 attributes:
   check_mode:
     support: partial
-    description: In check mode the module runs no kernel (they would compete with the serving process) and
+    description: Can run in check mode and report what it would do without running anything on the GPUs.
+    details: In check mode the module runs no kernel (they would compete with the serving process) and
       returns C(status=skipped).
   diff_mode:
     support: none
+    description: The smoke test changes nothing on the host, so there is no diff.
 """
 
 EXAMPLES = r"""

@@ -19,7 +19,7 @@ description:
     C(status=skipped) with C(skipped_reason) (hosts without GPUs, such as the lab).
   - Read-only; never reports changed.
 version_added: 0.1.0
-author: gpufleet maintainers
+author: gpufleet maintainers (@gpufleet)
 requirements:
   - nvidia-ml-py (module pynvml) on the managed host, and the NVIDIA driver's libnvidia-ml.so.1
 options:
@@ -76,6 +76,7 @@ attributes:
     description: Read-only; runs the same in check mode.
   diff_mode:
     support: none
+    description: Nothing on the host changes, so there is no diff.
 notes:
   - Retired pages are not supported on A100 and newer (row remapping replaced them); NVLink state is not supported
     on PCIe-only GPUs such as the RTX PRO 6000. Both read C(not supported).

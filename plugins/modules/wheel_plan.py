@@ -67,16 +67,19 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Can run in check mode and report the lock it would write without writing anything.
     details: Probes and resolves as usual and returns the same lock; writes neither the lock nor the wheelhouse.
   diff_mode:
     support: full
+    description: Shows the plan it writes as a diff of the lock's report.
     details: The human report of the plan.
   action:
     support: full
+    description: Runs as an action plugin on the controller.
 notes:
   - Use with C(run_once) in a play over the fleet; the fact reaches every host of the batch.
 author:
-  - gpufleet maintainers
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""

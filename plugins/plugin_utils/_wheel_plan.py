@@ -18,9 +18,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
 
 import tomllib
-from packaging.utils import canonicalize_name
+
+try:
+    from packaging.utils import canonicalize_name
+
+    HAS_PACKAGING = True
+    PACKAGING_IMPORT_ERROR = None
+except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a clear message
+    HAS_PACKAGING = False
+    PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._index import Fetcher, file_sha256
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
@@ -53,7 +62,7 @@ def find_uv(uv_path: str | None = None) -> str:
 
 
 def uv_platform(platform: str) -> str:
-    arch, _, rest = platform.partition("-")
+    arch, _sep, rest = platform.partition("-")
     return f"{arch}-unknown-linux-gnu" if rest == "linux" else platform
 
 

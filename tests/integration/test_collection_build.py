@@ -31,7 +31,19 @@ def test_build_install_and_run_a_module(tmp_path):
     env = dict(os.environ, ANSIBLE_CONFIG=str(config))
     env.pop("ANSIBLE_COLLECTIONS_PATH", None)
     # --no-deps: no Galaxy server here; ansible.utils comes with the ansible bundle in the venv.
-    run([str(BIN / "ansible-galaxy"), "collection", "install", "--force", "--no-deps", str(tarball), "-p", str(install)], env=env)
+    run(
+        [
+            str(BIN / "ansible-galaxy"),
+            "collection",
+            "install",
+            "--force",
+            "--no-deps",
+            str(tarball),
+            "-p",
+            str(install),
+        ],
+        env=env,
+    )
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - gpufleet.upgrade.stack_profile: {name: cu130}\n"

@@ -162,7 +162,7 @@ def test_wheel_metadata_matches_file_names(lab_mirrors):
     wheels = sorted((MIRRORS / "lab-main").glob("lab_*.whl")) + sorted((MIRRORS / "lab-stale").glob("*.whl"))
     assert len(wheels) >= 15
     for wheel in wheels:
-        name, version, _, _ = parse_wheel_filename(wheel.name)
+        name, version, _build, _tags = parse_wheel_filename(wheel.name)
         with zipfile.ZipFile(wheel) as zf:
             meta = zf.read(f"{wheel.name.split('-')[0]}-{version}.dist-info/METADATA").decode()
         assert f"\nName: {name}\n" in meta, wheel.name

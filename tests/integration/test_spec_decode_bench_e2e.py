@@ -175,8 +175,8 @@ def test_check_mode_sends_no_request(stand_in, bench):
 # -- the two gates, tripping and passing ----------------------------------------------------
 def test_speculation_net_loss_and_regression_gates(stand_in, bench, tmp_path):
     """The upgrade's story: old stack 54.1 tok/s < 60 without speculation; new stack 96.1 tok/s."""
-    old_spec, _ = stand_in(*SPEC, "--lab-stack", "old")
-    old_nospec, _ = stand_in("--lab-stack", "old")
+    old_spec, _log = stand_in(*SPEC, "--lab-stack", "old")
+    old_nospec, _log = stand_in("--lab-stack", "old")
     baseline = tmp_path / "bench.json"
     common = {"repeats": 1, "warmup": 0}
 
@@ -199,8 +199,8 @@ def test_speculation_net_loss_and_regression_gates(stand_in, bench, tmp_path):
     assert result.rc != 0
     assert "speculation: at concurrency 1 speculation gives" in task.msg and "net loss" in task.msg
 
-    new_spec, _ = stand_in(*SPEC, "--lab-stack", "new")
-    new_nospec, _ = stand_in("--lab-stack", "new")
+    new_spec, _log = stand_in(*SPEC, "--lab-stack", "new")
+    new_nospec, _log = stand_in("--lab-stack", "new")
     new_result = tmp_path / "new.json"
     result, task = bench(
         server_url=new_spec,
@@ -223,7 +223,7 @@ def test_speculation_net_loss_and_regression_gates(stand_in, bench, tmp_path):
 
 
 def test_missing_baseline_fails_or_is_skipped(stand_in, bench, tmp_path):
-    url, _ = stand_in(*SPEC, "--lab-spec-tok-s", "1500")
+    url, _log = stand_in(*SPEC, "--lab-spec-tok-s", "1500")
     missing = str(tmp_path / "nowhere" / "bench.json")
     result, task = bench(server_url=url, baseline_path=missing, max_regression_pct=5, repeats=1, warmup=0)
     assert result.rc != 0 and "does not exist" in task.msg and missing in task.msg
@@ -252,7 +252,7 @@ def test_missing_baseline_fails_or_is_skipped(stand_in, bench, tmp_path):
     ids=["5xx-warmup", "5xx-message", "never-healthy", "malformed-json", "stream-cut", "timeout", "some-errors"],
 )
 def test_failure_modes(stand_in, bench, flags, options, expected):
-    url, _ = stand_in(*SPEC, "--lab-spec-tok-s", "2000", *flags)
+    url, _log = stand_in(*SPEC, "--lab-spec-tok-s", "2000", *flags)
     result, task = bench(server_url=url, repeats=1, **{"warmup": 1, **options})
     assert result.rc != 0, result
     assert task.failed

@@ -39,7 +39,7 @@ def test_old_venv_is_kept_and_unchanged(host):
 
 def test_serving_unit_runs_from_the_new_venv(host):
     assert host.service("gpufleet-serving").is_running
-    for _ in range(60):
+    for _attempt in range(60):
         res = host.run(
             f"python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{PORT}/get_server_info').read().decode())\""
         )

@@ -150,7 +150,7 @@ def test_metadata_from_pep658_file_does_not_touch_the_wheel(server):
     c = w.make_candidate("main", "lab_torch-2.11.0+cu130-py3-none-any.whl", url, metadata_url=url + ".metadata")
     meta = ix.Fetcher().metadata(c)
     assert str(meta.version) == "2.11.0+cu130"
-    assert [p for _, p, _ in server.log] == ["/p/lab_torch-2.11.0+cu130-py3-none-any.whl.metadata"]
+    assert [p for _method, p, _range in server.log] == ["/p/lab_torch-2.11.0+cu130-py3-none-any.whl.metadata"]
 
 
 def test_metadata_by_range_reads_only_a_small_part_of_a_big_wheel(server):
@@ -162,7 +162,7 @@ def test_metadata_by_range_reads_only_a_small_part_of_a_big_wheel(server):
     meta = fetcher.metadata(c)
     assert str(meta.version) == "2.11.0+cu130" and [str(r) for r in meta.requires_dist] == ["six"]
     assert fetcher.bytes_in < 20_000 < len(body)
-    assert all(rng for method, _, rng in server.log if method == "GET")
+    assert all(rng for method, _path, rng in server.log if method == "GET")
 
 
 def test_metadata_without_range_support_downloads_the_wheel():

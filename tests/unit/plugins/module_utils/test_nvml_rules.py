@@ -138,7 +138,7 @@ def test_not_supported_reads_not_supported_and_never_fails(fn):
 
 
 def test_function_missing_from_an_old_driver_reads_not_supported():
-    gpu, _ = gpu0({"nvmlDeviceGetCurrentClocksEventReasons": fake.Err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)})
+    gpu, _verdict = gpu0({"nvmlDeviceGetCurrentClocksEventReasons": fake.Err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)})
     assert gpu["clock_event_reasons"] == _nvml.NOT_SUPPORTED
 
 
@@ -188,14 +188,14 @@ def test_uncorrectable_ecc_above_threshold():
     reason = verdict["reasons"][0]
     assert "2 uncorrectable ECC errors (aggregate counter)" in reason
     assert "max_uncorrectable_ecc" in reason and gpu["uuid"] in reason
-    gpu, _ = gpu0(
+    gpu, _verdict = gpu0(
         {"nvmlDeviceGetTotalEccErrors": on_aggregate_uncorrected(2)}, dict(PROFILE_HEALTH, max_uncorrectable_ecc=2)
     )
     assert gpu["healthy"] is True
 
 
 def test_corrected_ecc_is_not_a_gate():
-    gpu, _ = gpu0({"nvmlDeviceGetTotalEccErrors": lambda a: 500 if a[1] == 0 else fake.KEEP})
+    gpu, _verdict = gpu0({"nvmlDeviceGetTotalEccErrors": lambda a: 500 if a[1] == 0 else fake.KEEP})
     assert gpu["ecc_errors"]["volatile"]["corrected"] == 500
     assert gpu["healthy"] is True
 
@@ -204,14 +204,16 @@ def test_pending_row_remap():
     gpu, verdict = gpu0({"nvmlDeviceGetRemappedRows": [0, 1, 1, 0]})
     assert gpu["remapped_rows"]["pending"] is True
     assert gpu["healthy"] is False and "row remap is pending" in verdict["reasons"][0]
-    gpu, _ = gpu0({"nvmlDeviceGetRemappedRows": [0, 1, 1, 0]}, dict(PROFILE_HEALTH, max_pending_row_remaps=1))
+    gpu, _verdict = gpu0({"nvmlDeviceGetRemappedRows": [0, 1, 1, 0]}, dict(PROFILE_HEALTH, max_pending_row_remaps=1))
     assert gpu["healthy"] is True
 
 
 def test_row_remap_failure():
     gpu, verdict = gpu0({"nvmlDeviceGetRemappedRows": [0, 0, 0, 1]})
     assert gpu["healthy"] is False and "needs replacing" in verdict["reasons"][0]
-    gpu, _ = gpu0({"nvmlDeviceGetRemappedRows": [0, 0, 0, 1]}, dict(PROFILE_HEALTH, allow_row_remap_failure=True))
+    gpu, _verdict = gpu0(
+        {"nvmlDeviceGetRemappedRows": [0, 0, 0, 1]}, dict(PROFILE_HEALTH, allow_row_remap_failure=True)
+    )
     assert gpu["healthy"] is True
 
 
@@ -229,7 +231,7 @@ def test_pcie_narrower_than_its_maximum():
     gpu, verdict = gpu0({"nvmlDeviceGetCurrPcieLinkWidth": 8})
     assert gpu["healthy"] is False
     assert "x8, below its maximum x16" in verdict["reasons"][0]
-    gpu, _ = gpu0({"nvmlDeviceGetCurrPcieLinkWidth": 8}, dict(PROFILE_HEALTH, allow_pcie_downgrade=True))
+    gpu, _verdict = gpu0({"nvmlDeviceGetCurrPcieLinkWidth": 8}, dict(PROFILE_HEALTH, allow_pcie_downgrade=True))
     assert gpu["healthy"] is True
 
 
@@ -265,7 +267,7 @@ def test_clock_event_reasons(mask, names, healthy):
 def test_temperature_above_the_limit():
     gpu, verdict = gpu0({"nvmlDeviceGetTemperature": 91})
     assert gpu["healthy"] is False and "91 C is above 87 C" in verdict["reasons"][0]
-    gpu, _ = gpu0({"nvmlDeviceGetTemperature": 87})
+    gpu, _verdict = gpu0({"nvmlDeviceGetTemperature": 87})
     assert gpu["healthy"] is True
 
 
@@ -275,7 +277,7 @@ def test_processes_on_a_host_that_should_be_drained():
     gpu, verdict = gpu0(overrides)
     assert gpu["processes"] == [{"pid": 4242, "name": "python3", "used_mib": 2048}]
     assert gpu["healthy"] is False and "4242 (python3)" in verdict["reasons"][0]
-    gpu, _ = gpu0(overrides, dict(PROFILE_HEALTH, forbid_processes=False))
+    gpu, _verdict = gpu0(overrides, dict(PROFILE_HEALTH, forbid_processes=False))
     assert gpu["healthy"] is True
 
 
@@ -284,7 +286,7 @@ def test_process_that_ended_before_its_name_was_read():
         "nvmlDeviceGetComputeRunningProcesses": [{"pid": 7, "usedGpuMemory": None}],
         "nvmlSystemGetProcessName": fake.Err(pynvml.NVML_ERROR_NOT_FOUND),
     }
-    gpu, _ = gpu0(overrides)
+    gpu, _verdict = gpu0(overrides)
     assert gpu["processes"] == [{"pid": 7, "name": None, "used_mib": None}]
 
 
@@ -295,7 +297,7 @@ def test_pending_ecc_mode_change_is_a_note():
 
 
 def test_nvlink_states_are_counted():
-    gpu, _ = gpu0(
+    gpu, _verdict = gpu0(
         {"nvmlDeviceGetNvLinkState": lambda args: fake.Err(fake.NOT_SUPPORTED) if args[1] >= 18 else int(args[1] != 3)}
     )
     assert gpu["nvlink"] == {"links": 18, "active": 17, "inactive": 1}

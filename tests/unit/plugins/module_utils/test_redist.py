@@ -62,8 +62,8 @@ MANIFEST = {
 }
 
 
-def raw(data=MANIFEST):
-    return json.dumps(data).encode()
+def raw(data=None):
+    return json.dumps(MANIFEST if data is None else data).encode()
 
 
 @pytest.mark.parametrize(
@@ -136,7 +136,7 @@ def test_select_platform_missing_names_platform_and_offer():
         rd.select(MANIFEST, ["cuda_nvcc", "cuda_cudart"], "linux-sbsa")
     assert info.value.kind == "platform"
     assert "linux-sbsa" in str(info.value) and "cuda_cudart" in str(info.value)
-    assert "cuda_nvcc" not in str(info.value).split("offers")[0].split("for ")[1]
+    assert "cuda_nvcc" not in str(info.value).split("offers", maxsplit=1)[0].split("for ")[1]
 
 
 def test_select_refuses_unsafe_relative_path():

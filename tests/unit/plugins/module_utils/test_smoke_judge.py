@@ -72,7 +72,7 @@ def stats(**kw):
     ],
 )
 def test_judge_close_catches_each_kind_of_wrong_result(kind, bad, words):
-    ok, _ = _smoke.judge_close(stats(), kind)
+    ok, _reason = _smoke.judge_close(stats(), kind)
     assert ok is True
     ok, message = _smoke.judge_close(stats(**bad), kind)
     assert ok is False
@@ -80,12 +80,12 @@ def test_judge_close_catches_each_kind_of_wrong_result(kind, bad, words):
 
 
 def test_tolerances_can_be_widened():
-    ok, _ = _smoke.judge_close(stats(rel_fro_err=0.05), "matmul", {"matmul_rel_err": 0.1})
+    ok, _reason = _smoke.judge_close(stats(rel_fro_err=0.05), "matmul", {"matmul_rel_err": 0.1})
     assert ok is True
 
 
 def test_nan_cosine_never_passes():
-    ok, _ = _smoke.judge_close(stats(cosine=math.nan), "attention")
+    ok, _reason = _smoke.judge_close(stats(cosine=math.nan), "attention")
     assert ok is False
 
 
@@ -135,7 +135,7 @@ def test_arch_list():
 def versions(**dists):
     parsed = {}
     for dist, version in dists.items():
-        public, _, local = version.partition("+")
+        public, _sep, local = version.partition("+")
         parsed[dist.replace("_", "-")] = {"version": version, "public": public, "local": local or None}
     return {"status": "measured", "parsed": parsed}
 

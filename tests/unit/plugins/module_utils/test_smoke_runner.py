@@ -54,7 +54,7 @@ def worker(tmp_path, monkeypatch):
 
 
 def test_all_checks_in_one_worker(worker):
-    results, launches, _ = worker({"b": "noise"}, ["a", "b", "c"])
+    results, launches, _elapsed = worker({"b": "noise"}, ["a", "b", "c"])
     assert [results[c]["status"] for c in "abc"] == ["measured"] * 3
     assert launches == ["a,b,c"]
 
@@ -69,7 +69,7 @@ def test_a_hung_check_is_killed_and_the_rest_still_run(worker):
 
 
 def test_a_crash_is_reported_with_stderr_and_the_rest_still_run(worker):
-    results, launches, _ = worker({"a": "crash"}, ["a", "b"])
+    results, launches, _elapsed = worker({"a": "crash"}, ["a", "b"])
     assert results["a"]["status"] == "error"
     assert "exited with code 139" in results["a"]["error"] and "Segmentation fault" in results["a"]["error"]
     assert results["b"]["status"] == "measured"

@@ -35,7 +35,7 @@ CPU = torch.device("cpu")
 def naive_attention(q, k, v, causal, sm_scale=None):
     """float64 attention written out by hand: the reference the worker's SDPA reference must agree with."""
     qo, hq, d = q.shape
-    kv, hk, _ = k.shape
+    kv, hk, _head_dim = k.shape
     scale = sm_scale or 1 / math.sqrt(d)
     out = torch.empty(qo, hq, d, dtype=torch.float64)
     for h in range(hq):
@@ -121,7 +121,7 @@ def test_injected_matmul_fault_is_caught(monkeypatch):
 def test_transposed_operand_is_caught():
     a = torch.randn(128, 128).to(torch.bfloat16)
     b = torch.randn(128, 128).to(torch.bfloat16)
-    ok, _ = smoke.judge_close(worker.error_stats(a @ b.T, a.float() @ b.float()), "matmul")
+    ok, _reason = smoke.judge_close(worker.error_stats(a @ b.T, a.float() @ b.float()), "matmul")
     assert not ok
 
 

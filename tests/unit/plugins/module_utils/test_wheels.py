@@ -210,9 +210,9 @@ def test_newest_build_across_indexes_wins():
 
 def test_same_version_in_two_indexes_prefers_the_first_listed():
     cands = [cand("six-1.17.0-py3-none-any.whl", index="b"), cand("six-1.17.0-py3-none-any.whl", index="a")]
-    chosen, _ = plan([rule("six", indexes=("a", "b"))], cands)
+    chosen, _rejected = plan([rule("six", indexes=("a", "b"))], cands)
     assert chosen["six"].index == "a"
-    chosen, _ = plan([rule("six", indexes=("b", "a"))], cands)
+    chosen, _rejected = plan([rule("six", indexes=("b", "a"))], cands)
     assert chosen["six"].index == "b"
 
 
@@ -221,7 +221,7 @@ def test_best_tag_wins_between_files_of_one_version():
         cand("uv-0.13.8-py3-none-linux_x86_64.whl"),
         cand("uv-0.13.8-py3-none-manylinux_2_28_x86_64.whl"),
     ]
-    chosen, _ = plan([rule("uv")], cands)
+    chosen, _rejected = plan([rule("uv")], cands)
     assert "manylinux_2_28" in chosen["uv"].filename
 
 
@@ -322,7 +322,7 @@ def test_same_version_group_takes_newest_common_version():
         cand("flashinfer_cubin-0.6.5-py3-none-any.whl"),
         cand("flashinfer_jit_cache-0.6.4+cu130-cp39-abi3-manylinux_2_28_x86_64.whl"),
     ]
-    chosen, _ = plan(trio_rules(), cands, same_version=[TRIO])
+    chosen, _rejected = plan(trio_rules(), cands, same_version=[TRIO])
     assert {str(c.version) for c in chosen.values()} == {"0.6.4", "0.6.4+cu130"}
 
 
@@ -345,7 +345,7 @@ def test_without_the_group_rule_the_trio_may_differ():
         cand("flashinfer_cubin-0.6.4-py3-none-any.whl"),
         cand("flashinfer_jit_cache-0.2.14+cu130-cp39-abi3-manylinux_2_28_x86_64.whl"),
     ]
-    chosen, _ = plan(trio_rules(), cands)
+    chosen, _rejected = plan(trio_rules(), cands)
     assert str(chosen["flashinfer-jit-cache"].version) == "0.2.14+cu130"
 
 
@@ -388,7 +388,7 @@ def test_kernel_pin_unsatisfiable_everywhere_fails():
 def test_pins_behind_markers_that_do_not_apply_are_ignored():
     cands = [cand(TORCH_11), cand(TORCH_12), cand(KERNEL_21)]
     meta = Meta(requires={KERNEL_21: ['torch==2.11.0; python_version < "3.10"', 'torch; extra == "dev"']})
-    chosen, _ = plan([rule("torch"), rule("sgl-kernel")], cands, meta)
+    chosen, _rejected = plan([rule("torch"), rule("sgl-kernel")], cands, meta)
     assert chosen["torch"].filename == TORCH_12
 
 

@@ -168,7 +168,7 @@ def test_fetch_tampered_and_truncated_archives_are_not_kept(mirror, tmp_path):
     assert not ok and res["kind"] == "truncated"
     left = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.suffix == ".xz"]
     assert all("cuda_nvcc" not in str(p) for p in left)
-    assert not [p for p in (tmp_path / "cache").rglob(".part-*")]
+    assert not list((tmp_path / "cache").rglob(".part-*"))
 
 
 def test_fetch_html_answer(mirror, tmp_path):
@@ -263,7 +263,7 @@ def test_redist_adds_a_component_by_rebuilding(pushed, tmp_path):
     plan, archive_dir = pushed
     root = tmp_path / "root"
     root.mkdir()
-    ok, _ = call(cuda_redist, redist_args(root, plan[:1], archive_dir))
+    ok, _result = call(cuda_redist, redist_args(root, plan[:1], archive_dir))
     assert ok
     ok, res = call(cuda_redist, redist_args(root, plan, archive_dir))
     assert ok and res["changed"] and res["status_before"] == "incomplete"

@@ -101,30 +101,30 @@ def test_h200_recording_through_the_module():
 
 
 def test_thresholds_reach_the_rules():
-    result, _ = run_fake({"thresholds": {"max_temperature_c": 30}})
+    result, _nvml = run_fake({"thresholds": {"max_temperature_c": 30}})
     assert result["status"] == "unhealthy"
     assert "above 30 C" in result["reasons"][0]
 
 
 def test_default_thresholds_fill_missing_keys():
-    result, _ = run_fake({"thresholds": {"max_temperature_c": 90}}, {"nvmlDeviceGetCurrentClocksEventReasons": 0x8})
+    result, _nvml = run_fake({"thresholds": {"max_temperature_c": 90}}, {"nvmlDeviceGetCurrentClocksEventReasons": 0x8})
     assert result["healthy"] is False and "hw_slowdown" in result["reasons"][0]
 
 
 def test_no_gpu_with_gpu_not_required_is_skipped():
-    result, _ = run_fake({"gpu_required": False}, {"nvmlDeviceGetCount": 0})
+    result, _nvml = run_fake({"gpu_required": False}, {"nvmlDeviceGetCount": 0})
     assert result["status"] == "skipped" and result["skipped_reason"] == "skipped: no GPU (NVML sees no GPU)"
 
 
 def test_no_gpu_when_one_is_required_is_unhealthy():
-    result, _ = run_fake({}, {"nvmlDeviceGetCount": 0})
+    result, _nvml = run_fake({}, {"nvmlDeviceGetCount": 0})
     assert result["status"] == "unhealthy"
     assert "NVML sees no GPU but one is required" in result["reasons"][0]
 
 
 def test_check_mode_gives_the_same_read_only_result():
-    plain, _ = run_fake({})
-    checked, _ = run_fake({"_ansible_check_mode": True})
+    plain, _nvml = run_fake({})
+    checked, _nvml = run_fake({"_ansible_check_mode": True})
     assert checked == plain and checked["changed"] is False
 
 

@@ -121,14 +121,14 @@ class TestBackupManifest:
         assert ok and info["found"] and info["backup_id"] == res["backup_id"] and info["lock_checked"]
 
     def test_unchanged_host_reuses_the_backup(self, host):
-        _, first = call(backup_manifest, backup_args(host))
+        _ok, first = call(backup_manifest, backup_args(host))
         ok, again = call(backup_manifest, backup_args(host))
         assert ok and not again["changed"] and again["reused"] and again["backup_id"] == first["backup_id"]
         (host / "state" / "results" / "bench.json").write_text('{"tok_s": 96.1}')
         ok, results_only = call(backup_manifest, backup_args(host))
         assert ok and results_only["reused"], "new results alone must not make a new backup"
         (host / "etc" / "gpufleet-serving.env").write_text("CUDA_HOME=/usr/local/cuda-13.0\n")
-        _, check = call(backup_manifest, backup_args(host), check=True)
+        _ok, check = call(backup_manifest, backup_args(host), check=True)
         assert check["changed"] and check["backup_id"] != first["backup_id"]
 
     def test_partials_removed_and_retention(self, host):
@@ -163,7 +163,7 @@ class TestBackupInfo:
         assert ok and res["found"] is False and "never upgraded" in res["msg"]
 
     def test_refuses_other_host_other_profile_missing_and_corrupt(self, host):
-        _, made = call(backup_manifest, backup_args(host))
+        _ok, made = call(backup_manifest, backup_args(host))
         base = {"state_dir": str(host / "state"), "host": "node1"}
         ok, res = call(backup_info, dict(base, host="node2"))
         assert not ok and "refused" in res["msg"] and "node2" in res["msg"]
@@ -180,9 +180,9 @@ class TestBackupInfo:
         assert not ok and "unusable" in res["msg"]
 
     def test_unlike_digest_skips_backups_of_the_present_state(self, host):
-        _, old = call(backup_manifest, backup_args(host))
+        _ok, old = call(backup_manifest, backup_args(host))
         (host / "etc" / "gpufleet-serving.env").write_text("CUDA_HOME=/usr/local/cuda-13.0\n")
-        _, new = call(backup_manifest, backup_args(host))
+        _ok, new = call(backup_manifest, backup_args(host))
         assert new["backup_id"] != old["backup_id"]
         base = {"state_dir": str(host / "state"), "host": "node1"}
         ok, res = call(backup_info, dict(base, unlike_digest=new["manifest"]["digest"]))
