@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read, in one round trip, what venv_rebuild decides on: platform, Python, venvs, current, uv, free disk, and the
