@@ -15,6 +15,7 @@ import tarfile
 import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from module_harness import Exit, Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
 from ansible_collections.gpufleet.upgrade.plugins.modules import (
@@ -29,26 +30,6 @@ from ansible_collections.gpufleet.upgrade.plugins.modules import (
 NVCC = """#!/bin/sh
 echo "Cuda compilation tools, release {mm}, V{full}"
 """
-
-
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def raising(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def call(module, args, check=False, diff=False):

@@ -14,34 +14,14 @@ import os
 import sys
 
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from module_harness import Exit, Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker
 from ansible_collections.gpufleet.upgrade.plugins.modules import gpu_smoke_test
 
 TORCH_PYTHON = os.environ.get("GPUFLEET_TORCH_PYTHON")
 needs_torch_python = pytest.mark.skipif(not TORCH_PYTHON, reason="set GPUFLEET_TORCH_PYTHON to a Python with torch")
-
-
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def raising(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def run(args):

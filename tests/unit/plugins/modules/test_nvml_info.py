@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from module_harness import Exit, Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
 from ansible_collections.gpufleet.upgrade.plugins.modules import nvml_info
@@ -21,26 +21,6 @@ DATA = Path(__file__).resolve().parents[3] / "data" / "device"
 _spec = importlib.util.spec_from_file_location("nvml_fake", DATA / "nvml_fake.py")
 fake = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake)
-
-
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def raising(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def no_driver_here():

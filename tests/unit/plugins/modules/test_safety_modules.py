@@ -9,8 +9,8 @@ import json
 import os
 
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from module_harness import Exit, Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.modules import (
     backup_info,
@@ -18,26 +18,6 @@ from ansible_collections.gpufleet.upgrade.plugins.modules import (
     upgrade_lock,
     upgrade_state,
 )
-
-
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def raising(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def call(module, args, check=False, diff=False):

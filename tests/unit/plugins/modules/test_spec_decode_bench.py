@@ -8,32 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from module_harness import Exit, Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _bench
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._prompts_v1 import PROMPT_SET
 from ansible_collections.gpufleet.upgrade.plugins.modules import spec_decode_bench as mod
-
-
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def raising(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
 
 def call(args, check=False):

@@ -10,6 +10,7 @@ from unittest.mock import MagicMock
 import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
+from module_harness import Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.action import wheel_plan as action
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import PlanError
@@ -51,11 +52,10 @@ def test_documentation_matches_argument_spec():
     assert doc["attributes"]["check_mode"]["support"] == "full"
 
 
-def test_module_refuses_to_run_on_a_host(capsys):
-    with patch_module_args({}), pytest.raises(SystemExit):
+def test_module_refuses_to_run_on_a_host():
+    with patch_module_args({}), pytest.raises(Fail) as info:
         module.main()
-    out = json.loads(capsys.readouterr().out)
-    assert out["failed"] and "action plugin on the controller" in out["msg"]
+    assert "action plugin on the controller" in info.value.args[0]["msg"]
 
 
 def make_action(args, check_mode=False, diff=False):
