@@ -25,7 +25,7 @@ setup:
 demo: setup mirrors
 	$(PY) -m lab down --name lab
 	$(PY) -m lab up $(LAB_NODES) --name lab
-	ansible-playbook -i inventories/lab/hosts.yml playbooks/upgrade.yml
+	ansible-playbook -i inventories/lab/hosts.yml playbooks/upgrade.yml -e gpufleet_bench_enabled=true
 
 mirrors: setup
 	$(PY) -m lab image
