@@ -30,7 +30,7 @@ OVERLAY = LAB_SRC / "image" / "files"
 
 
 # Bump when the build steps in this file change in a way that changes the image.
-RECIPE_REVISION = 1
+RECIPE_REVISION = 2  # 2: no SSH host keys in the image (each node gets its own at `lab up`)
 
 
 def recipe_hash() -> str:
@@ -76,6 +76,10 @@ def _customize(rootfs: Path) -> None:
         for p in (rootfs / cache).glob("*"):
             if p.is_file():
                 p.unlink()
+    # No host keys in the image: every node gets its own at `lab up` (lab/nodes.py), pinned in the inventory's
+    # known_hosts, as a fleet's hosts each have their own.
+    for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
     (rootfs / "srv/models").mkdir(parents=True, exist_ok=True)
 
 

@@ -43,16 +43,52 @@ def ensure_key(name: str) -> Path:
     return key
 
 
+HOST_KEY_IN_NODE = "/etc/ssh/lab_host_ed25519_key"
+
+
 def _sshd_dropin(port: int) -> str:
     return (
         "# Per-node sshd settings (bind-mounted by python -m lab up): nodes share the machine's network.\n"
         f"Port {port}\n"
+        f"HostKey {HOST_KEY_IN_NODE}\n"
         "ListenAddress 127.0.0.1\n"
         "PermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\n"
         "AuthorizedKeysFile .ssh/authorized_keys /etc/ssh/lab_authorized_keys\n"
         "UseDNS no\n"
     )
+
+
+def new_host_key(ndir: Path, node: str) -> str:
+    """A fresh ed25519 host key for a node being created (a new host, a new identity); returns the public line."""
+    key = ndir / "ssh_host_ed25519_key"
+    for p in (key, key.with_suffix(".pub")):
+        p.unlink(missing_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node}", "-f", str(key)], capture=True)
+    key.chmod(0o600)
+    return key.with_suffix(".pub").read_text().strip()
+
+
+def known_hosts_path(name: str) -> Path:
+    return lab_dir(name) / "known_hosts"
+
+
+def write_known_hosts(name: str, state: dict) -> Path:
+    """One line per node, `[127.0.0.1]:<ssh port> <its host key>`: the inventory pins each node's own key."""
+    lines = []
+    for node, nd in sorted(state["nodes"].items()):
+        pub = lab_dir(name) / "nodes" / node / "ssh_host_ed25519_key.pub"
+        if pub.exists():
+            keytype, blob = pub.read_text().split()[:2]
+            lines.append(f"[127.0.0.1]:{nd['ssh_port']} {keytype} {blob}")
+    path = known_hosts_path(name)
+    write_atomic(path, "".join(line + "\n" for line in lines), mode=0o644)
+    return path
+
+
+def ssh_pin_args(name: str) -> list[str]:
+    """ssh options that accept exactly the lab's recorded host keys (no trust on first use, no /dev/null)."""
+    return ["-o", f"UserKnownHostsFile={known_hosts_path(name)}", "-o", "StrictHostKeyChecking=yes"]
 
 
 def load_state(name: str) -> dict:
@@ -69,6 +105,7 @@ def _create(node: str, name: str, ssh_port: int, ref: str) -> None:
     ndir = lab_dir(name) / "nodes" / node
     ndir.mkdir(parents=True, exist_ok=True)
     write_atomic(ndir / "10-lab.conf", _sshd_dropin(ssh_port), mode=0o644)
+    new_host_key(ndir, node)
     podman(
         "run",
         "-d",
@@ -86,6 +123,8 @@ def _create(node: str, name: str, ssh_port: int, ref: str) -> None:
         f"{ndir / '10-lab.conf'}:/etc/ssh/sshd_config.d/10-lab.conf:ro",
         "-v",
         f"{lab_dir(name) / 'authorized_keys'}:/etc/ssh/lab_authorized_keys:ro",
+        "-v",
+        f"{ndir / 'ssh_host_ed25519_key'}:{HOST_KEY_IN_NODE}:ro",
         ref,
         "/sbin/init",
     )
@@ -99,7 +138,7 @@ def node_exec(node: str, cmd: str | list[str], check: bool = True, input: str | 
     )
 
 
-def wait_booted(node: str, ssh_port: int, key: Path, timeout: float = BOOT_TIMEOUT) -> str:
+def wait_booted(node: str, ssh_port: int, key: Path, pin: list[str], timeout: float = BOOT_TIMEOUT) -> str:
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
@@ -123,10 +162,7 @@ def wait_booted(node: str, ssh_port: int, key: Path, timeout: float = BOOT_TIMEO
         str(ssh_port),
         "-o",
         "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
+        *pin,
         "-o",
         "ConnectTimeout=5",
         "root@127.0.0.1",
@@ -134,7 +170,11 @@ def wait_booted(node: str, ssh_port: int, key: Path, timeout: float = BOOT_TIMEO
     ]
     while run(ssh, check=False, capture=True).returncode != 0:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{node}: ssh root@127.0.0.1:{ssh_port} does not accept the lab key")
+            last = run(ssh[:1] + ssh[2:], check=False, capture=True)
+            raise RuntimeError(
+                f"{node}: ssh root@127.0.0.1:{ssh_port} with the lab key and the node's pinned host key "
+                f"({pin[1]}) failed: {last.stderr.strip()}"
+            )
         time.sleep(0.3)
     return state
 
@@ -193,10 +233,12 @@ def up(n: int, name: str = "lab", ports: dict[str, int] | None = None, do_seed: 
     # Extra nodes from an earlier, bigger `up` stay out of this inventory but keep running.
     state["nodes"] = {k: v for k, v in state["nodes"].items() if k in wanted or container_state(k) == "running"}
     t_created = time.monotonic()
+    write_known_hosts(name, state)
+    pin = ssh_pin_args(name)
 
     def _ready(node: str) -> None:
         nd = state["nodes"][node]
-        nd["boot_state"] = wait_booted(node, nd["ssh_port"], key)
+        nd["boot_state"] = wait_booted(node, nd["ssh_port"], key, pin)
         if do_seed and not nd.get("seeded"):
             nd["seed"] = seed(node, nd["serving_port"], urls)
             nd["seeded"] = True
@@ -229,6 +271,8 @@ def inventory_data(name: str, nodes: list[str], state: dict, key: Path, urls: di
     group_vars.update(
         {
             "ansible_ssh_private_key_file": str(key),
+            # Each node's own host key, pinned: a node answering with another key is refused, as on a fleet.
+            "ansible_ssh_common_args": " ".join(ssh_pin_args(name)),
             "gpufleet_controller_dir": str(lab_dir(name) / "controller"),
             "gpufleet_index_urls": {"lab-main": urls["lab-main"], "lab-stale": urls["lab-stale"]},
             "gpufleet_redist_url": urls["redist"],

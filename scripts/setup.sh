@@ -28,21 +28,9 @@ fi
 mkdir -p .venv/collections/ansible_collections/gpufleet
 ln -sfn "$PWD" .venv/collections/ansible_collections/gpufleet/upgrade
 
-# ansible-test fetches a pip bootstrap script from a server these machines cannot reach; give it the offline one.
-for version in $(.venv/bin/python - <<'PY'
-import pathlib, re
-import ansible_test
-root = pathlib.Path(ansible_test.__file__).parent
-found = set()
-for f in root.rglob("*.txt"):
-    for m in re.finditer(r"^pip==([0-9.]+)", f.read_text(errors="ignore"), re.M):
-        found.add(m.group(1))
-print(" ".join(sorted(found)))
-PY
-); do
-  mkdir -p ~/.ansible/test/cache
-  cp tests/sanity/get_pip_bootstrap.py ~/.ansible/test/cache/get_pip_${version//./_}.py
-done
+# ansible-test fetches a pip bootstrap script from a server these machines cannot reach; give it the offline one,
+# under the names the installed ansible-test asks for (fails, saying why, when they cannot be determined).
+.venv/bin/python scripts/ansible_test_bootstrap.py
 
 # A CPU build of torch for the smoke test's comparison tests (.venv/torch), taken only from a wheel this machine
 # already has (pip's configured find-links): never download a multi-GB CUDA build for the tests.

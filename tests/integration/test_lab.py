@@ -52,6 +52,36 @@ def test_ansible_reaches_nodes_over_ssh(fleet, run_playbook):
         assert result.task("Ping the node", host=node).res["ping"] == "pong"
 
 
+def test_each_node_has_its_own_pinned_host_key(fleet, node_exec, tmp_path):
+    from lab import nodes
+    from lab.common import run
+
+    known = nodes.known_hosts_path(fleet.name).read_text().splitlines()
+    state = nodes.load_state(fleet.name)
+    assert len(known) == len(fleet.nodes), known
+    keys = {line.split()[2] for line in known}
+    assert len(keys) == len(fleet.nodes), f"nodes share a host key: {known}"
+    for node in fleet.nodes:
+        served = node_exec(node, ["ssh-keygen", "-y", "-f", "/etc/ssh/lab_host_ed25519_key"]).stdout.split()[1]
+        assert f"[127.0.0.1]:{state['nodes'][node]['ssh_port']} ssh-ed25519 {served}" in known
+        assert node_exec(node, ["sh", "-c", "ls /etc/ssh/ssh_host_* 2>/dev/null || true"]).stdout.strip() == ""
+    # A node answering with another node's key is refused (the pin is checked, not trusted on first use).
+    first, second = fleet.nodes[0], fleet.nodes[1]
+    port = state["nodes"][first]["ssh_port"]
+    other = next(line.split()[2] for line in known if not line.startswith(f"[127.0.0.1]:{port} "))
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{port} ssh-ed25519 {other}\n")
+    ssh = ["ssh", "-i", str(fleet.key), "-p", str(port), "-o", "BatchMode=yes", "-o", "ControlPath=none"]
+    bad = run(
+        [*ssh, "-o", f"UserKnownHostsFile={wrong}", "-o", "StrictHostKeyChecking=yes", "root@127.0.0.1", "true"],
+        check=False,
+        capture=True,
+    )
+    assert bad.returncode != 0 and "Host key verification failed" in bad.stderr, (second, bad.stderr)
+    good = run([*ssh, *nodes.ssh_pin_args(fleet.name), "root@127.0.0.1", "true"], check=False, capture=True)
+    assert good.returncode == 0, good.stderr
+
+
 def test_ansible_check_mode_is_passed_through(fleet, run_playbook):
     result = run_playbook(PLAYBOOKS / "ping.yml", fleet.inventory, check=True, limit=fleet.nodes[0])
     assert result.rc == 0, str(result)
