@@ -29,16 +29,21 @@ def node_names(name: str, n: int) -> list[str]:
     return [f"{name}-node{i}" for i in range(1, n + 1)]
 
 
+def keygen(key: Path, comment: str) -> None:
+    """A new ed25519 key pair at key / key.pub, made under a temporary name and renamed into place."""
+    key.parent.mkdir(parents=True, exist_ok=True)
+    tmp = key.with_name(f".{key.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.with_suffix(".tmp.pub").unlink(missing_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(tmp)], capture=True)
+    tmp.with_suffix(".tmp.pub").rename(key.with_name(key.name + ".pub"))
+    tmp.rename(key)
+
+
 def ensure_key(name: str) -> Path:
     key = lab_dir(name) / "id_ed25519"
     if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True)
-        tmp = key.with_name(".id_ed25519.tmp")
-        tmp.unlink(missing_ok=True)
-        tmp.with_suffix(".tmp.pub").unlink(missing_ok=True)
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpufleet-lab-{name}", "-f", str(tmp)], capture=True)
-        tmp.with_suffix(".tmp.pub").rename(key.with_suffix(".pub"))
-        tmp.rename(key)
+        keygen(key, f"gpufleet-lab-{name}")
     write_atomic(lab_dir(name) / "authorized_keys", key.with_suffix(".pub").read_text(), mode=0o644)
     return key
 
@@ -59,14 +64,9 @@ def _sshd_dropin(port: int) -> str:
     )
 
 
-def new_host_key(ndir: Path, node: str) -> str:
-    """A fresh ed25519 host key for a node being created (a new host, a new identity); returns the public line."""
-    key = ndir / "ssh_host_ed25519_key"
-    for p in (key, key.with_suffix(".pub")):
-        p.unlink(missing_ok=True)
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node}", "-f", str(key)], capture=True)
-    key.chmod(0o600)
-    return key.with_suffix(".pub").read_text().strip()
+def host_key_path(name: str, node: str) -> Path:
+    """The node's own ed25519 host key on the controller (its .pub beside it), made when the node is created."""
+    return lab_dir(name) / "nodes" / node / "ssh_host_ed25519_key"
 
 
 def known_hosts_path(name: str) -> Path:
@@ -77,7 +77,7 @@ def write_known_hosts(name: str, state: dict) -> Path:
     """One line per node, `[127.0.0.1]:<ssh port> <its host key>`: the inventory pins each node's own key."""
     lines = []
     for node, nd in sorted(state["nodes"].items()):
-        pub = lab_dir(name) / "nodes" / node / "ssh_host_ed25519_key.pub"
+        pub = host_key_path(name, node).with_name("ssh_host_ed25519_key.pub")
         if pub.exists():
             keytype, blob = pub.read_text().split()[:2]
             lines.append(f"[127.0.0.1]:{nd['ssh_port']} {keytype} {blob}")
@@ -105,7 +105,8 @@ def _create(node: str, name: str, ssh_port: int, ref: str) -> None:
     ndir = lab_dir(name) / "nodes" / node
     ndir.mkdir(parents=True, exist_ok=True)
     write_atomic(ndir / "10-lab.conf", _sshd_dropin(ssh_port), mode=0o644)
-    new_host_key(ndir, node)
+    # A new host, a new identity: a fresh host key for every node created (also for a replaced one).
+    keygen(host_key_path(name, node), f"root@{node}")
     podman(
         "run",
         "-d",
@@ -124,7 +125,7 @@ def _create(node: str, name: str, ssh_port: int, ref: str) -> None:
         "-v",
         f"{lab_dir(name) / 'authorized_keys'}:/etc/ssh/lab_authorized_keys:ro",
         "-v",
-        f"{ndir / 'ssh_host_ed25519_key'}:{HOST_KEY_IN_NODE}:ro",
+        f"{host_key_path(name, node)}:{HOST_KEY_IN_NODE}:ro",
         ref,
         "/sbin/init",
     )
@@ -155,7 +156,6 @@ def wait_booted(node: str, ssh_port: int, key: Path, pin: list[str], timeout: fl
         time.sleep(0.2)
     ssh = [
         "ssh",
-        "-q",
         "-i",
         str(key),
         "-p",
@@ -168,12 +168,11 @@ def wait_booted(node: str, ssh_port: int, key: Path, pin: list[str], timeout: fl
         "root@127.0.0.1",
         "true",
     ]
-    while run(ssh, check=False, capture=True).returncode != 0:
+    while (res := run(ssh, check=False, capture=True)).returncode != 0:
         if time.monotonic() > deadline:
-            last = run(ssh[:1] + ssh[2:], check=False, capture=True)
             raise RuntimeError(
                 f"{node}: ssh root@127.0.0.1:{ssh_port} with the lab key and the node's pinned host key "
-                f"({pin[1]}) failed: {last.stderr.strip()}"
+                f"({' '.join(pin)}) failed: {res.stderr.strip()}"
             )
         time.sleep(0.3)
     return state

@@ -92,6 +92,10 @@ def targets() -> list[Path]:
     return [cache_dir() / f"get_pip_{pip.replace('.', '_')}.py" for pip in sorted(set(pip_versions().values()))]
 
 
+def out_of_date(paths: list[Path], body: bytes) -> list[Path]:
+    return [p for p in paths if not p.exists() or p.read_bytes() != body]
+
+
 def install() -> list[Path]:
     pinned, installed = pinned_ansible_core(), installed_ansible_core()
     if pinned != installed:
@@ -100,15 +104,13 @@ def install() -> list[Path]:
             "rebuild the tooling venv (rm -rf .venv && bash scripts/setup.sh)"
         )
     body = STAND_IN.read_bytes()
-    written = []
-    for path in targets():
+    paths = targets()
+    for path in out_of_date(paths, body):
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_bytes() != body:
-            tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-            tmp.write_bytes(body)
-            tmp.replace(path)
-        written.append(path)
-    return written
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+        tmp.write_bytes(body)
+        tmp.replace(path)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.check:
-            body = STAND_IN.read_bytes()
-            bad = [p for p in targets() if not p.exists() or p.read_bytes() != body]
+            bad = out_of_date(targets(), STAND_IN.read_bytes())
             for p in bad:
                 print(f"ansible-test bootstrap: {p} missing or not the clone's stand-in", file=sys.stderr)
             return 1 if bad else 0
