@@ -12,20 +12,20 @@ import tempfile
 from ansible.module_utils.basic import missing_required_lib
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._index import Fetcher
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
-    HAS_PACKAGING,
-    PACKAGING_IMPORT_ERROR,
-    PlanError,
-    Target,
-)
 from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_plan import ARGUMENT_SPEC
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import (
     fetch_wheelhouse,
     find_uv,
     make_lock,
     report_lines,
     verify_wheelhouse,
+)
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
+    HAS_PACKAGING,
+    PACKAGING_IMPORT_ERROR,
+    PlanError,
+    Target,
 )
 
 

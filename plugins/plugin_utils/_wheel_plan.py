@@ -31,8 +31,8 @@ except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a c
     HAS_PACKAGING = False
     PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._index import Fetcher, file_sha256
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher, file_sha256
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     LOCK_SCHEMA,
     PlanError,
     Target,

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _index as ix
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _wheels as w
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _index as ix
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheel_plan as wp
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as w
 
 DAY = 86400
 TARGET = w.Target("3.11", "x86_64-manylinux_2_36")

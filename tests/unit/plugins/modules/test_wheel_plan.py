@@ -13,8 +13,8 @@ from ansible.module_utils.testing import patch_module_args
 from module_harness import Fail
 
 from ansible_collections.gpufleet.upgrade.plugins.action import wheel_plan as action
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import PlanError
 from ansible_collections.gpufleet.upgrade.plugins.modules import wheel_plan as module
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import PlanError
 
 PROFILE = {"name": "lab", "python": {"version": "3.11"}, "wheels": {"indexes": [], "packages": [], "rules": {}}}
 

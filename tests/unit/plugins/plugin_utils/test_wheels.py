@@ -1,6 +1,6 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Plan resolution (plugins/module_utils/_wheels.py): pure functions over fake index listings."""
+"""Plan resolution (plugins/plugin_utils/_wheels.py): pure functions over fake index listings."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from packaging.metadata import Metadata
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _wheels as w
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as w
 
 TODAY = dt.date(2026, 3, 1)
 TARGET = w.Target("3.11", "x86_64-manylinux_2_36")

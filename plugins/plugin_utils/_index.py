@@ -29,7 +29,7 @@ except ImportError:  # the planner runs on the controller; callers check HAS_PAC
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._wheels import (
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     Candidate,
     PlanError,
     parse_project_html,

@@ -1,6 +1,6 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Index access (plugins/module_utils/_index.py) against a small HTTP server on loopback."""
+"""Index access (plugins/plugin_utils/_index.py) against a small HTTP server on loopback."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _index as ix
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _wheels as w
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _index as ix
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as w
 
 LAST_MODIFIED = "Tue, 14 Oct 2025 08:00:00 GMT"
 
