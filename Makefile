@@ -47,6 +47,7 @@ lint: setup
 	yamllint .
 	antsibull-changelog lint
 	ansible-lint
+	$(PY) scripts/role_docs.py --check
 
 sanity: setup
 	bash tests/sanity/run.sh
