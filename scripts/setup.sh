@@ -28,6 +28,15 @@ fi
 mkdir -p .venv/collections/ansible_collections/gpufleet
 ln -sfn "$PWD" .venv/collections/ansible_collections/gpufleet/upgrade
 
+# An installed copy of this collection in the user's collection path (left by a tool's "install the project" step)
+# shadows this checkout for ansible-lint, which always searches ~/.ansible/collections: a copy of older code there
+# fails lint with modules "not found". This checkout is the collection; such a copy is never right.
+user_copy="${HOME}/.ansible/collections/ansible_collections/gpufleet/upgrade"
+if [[ -e $user_copy && "$(readlink -f "$user_copy")" != "$PWD" ]]; then
+  echo "setup: removing $user_copy (an installed copy of gpufleet.upgrade that would shadow this checkout)"
+  rm -rf "$user_copy"
+fi
+
 # ansible-test fetches a pip bootstrap script from a server these machines cannot reach; give it the offline one,
 # under the names the installed ansible-test asks for (fails, saying why, when they cannot be determined).
 .venv/bin/python scripts/ansible_test_bootstrap.py

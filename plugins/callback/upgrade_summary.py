@@ -12,7 +12,8 @@ version_added: 0.1.0
 description:
   - Collects the C(gpufleet_upgrade_report) fact that C(playbooks/upgrade.yml) and C(playbooks/rollback.yml) publish for
     every host and prints, after the play recap, one block per host with the outcome ("upgraded",
-    "rolled back, <reason>", "failed preflight, <reason>") and what each phase did.
+    "rolled back, <reason>", "failed preflight, <reason>") and what each phase did, then the totals per outcome
+    kind (the report's C(outcome_kind); a report without one counts as unknown).
   - Also prints hosts that became unreachable before they could report.
   - Enable it with C(callbacks_enabled = gpufleet.upgrade.upgrade_summary) in ansible.cfg.
 requirements:
@@ -32,16 +33,7 @@ import json  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
 
-OUTCOME_KINDS = (
-    "upgraded",
-    "would upgrade",
-    "rolled back",
-    "failed preflight",
-    "failed before any change",
-    "ROLLBACK FAILED",
-    "nothing to roll back",
-)
-PHASE_ORDER = ("preflight", "recover", "backup", "cuda_toolkit", "venv_rebuild", "postcheck", "rollback")
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._outcome import REPORT_ORDER, report_kind  # noqa: E402
 
 
 def render(reports, unreachable=()):
@@ -53,14 +45,16 @@ def render(reports, unreachable=()):
         report = reports[host]
         lines.append(f"{host}: {report.get('outcome', 'unknown')}")
         phases = report.get("phases") or {}
-        for name in sorted(phases, key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n)):
+        for name in sorted(
+            phases, key=lambda n: (REPORT_ORDER.index(n) if n in REPORT_ORDER else len(REPORT_ORDER), n)
+        ):
             lines.append(f"    {name:<13} {phases[name]}")
     for host in sorted(set(unreachable) - set(reports)):
         lines.append(f"{host}: unreachable: no report")
     counts = {}
     for report in reports.values():
-        outcome = str(report.get("outcome", "unknown"))
-        key = next((kind for kind in OUTCOME_KINDS if outcome.startswith(kind)), outcome.split(":", 1)[0])
+        # The report's kind, set by the same code that wrote its text (plugins/plugin_utils/_outcome.py).
+        key = report_kind(report).label
         counts[key] = counts.get(key, 0) + 1
     lines.append("totals: " + ", ".join(f"{key} {value}" for key, value in sorted(counts.items())))
     return "\n".join(lines)

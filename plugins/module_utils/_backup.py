@@ -105,10 +105,20 @@ def freeze_lines(text):
     return sorted(lines, key=str.lower)
 
 
+def canonical_name(name) -> str:
+    """PEP 503 name: ``Lab_Torch`` and ``lab-torch`` are one package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def parse_lock(text):
     """Parse a lock with ``packaging``: one pinned requirement per line (``name==version``, hashes allowed).
 
-    Returns ``[{name, version, line}]``; raises BackupError naming the first bad line.
+    Blank lines, comments (``#`` to the end of the line, so a whole ``# tool: ...`` line) and ``--hash``
+    continuation lines are skipped. A ``name @ url`` line is kept with version None (it is pinned by its URL).
+    Anything else that is not one pinned requirement, e.g. an editable ``-e ...`` line or another pip option,
+    raises BackupError naming the first bad line.
+
+    Returns ``[{name, version, url, line}]``.
     """
     if not HAS_PACKAGING:
         raise BackupError("the Python package 'packaging' is needed to parse a venv lock")
@@ -121,7 +131,7 @@ def parse_lock(text):
         try:
             requirement = Requirement(requirement_text)
         except InvalidRequirement as exc:
-            raise BackupError(f"venv lock line {number} {raw!r} does not parse: {exc}") from exc
+            raise BackupError(f"venv lock line {number} {raw!r} does not parse: {str(exc).splitlines()[0]}") from exc
         pins = [spec for spec in requirement.specifier if spec.operator in ("==", "===")]
         if requirement.url is None and len(pins) != 1:
             raise BackupError(f"venv lock line {number} {raw!r} is not pinned to one version")
@@ -142,7 +152,7 @@ def lock_differences(expected, installed):
     """Compare two parsed locks by name and version (names normalised by PEP 503)."""
 
     def index(packages):
-        return {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in packages}
+        return {canonical_name(p["name"]): p["version"] for p in packages}
 
     want, have = index(expected), index(installed)
     problems = []
@@ -150,6 +160,27 @@ def lock_differences(expected, installed):
         if want.get(name) != have.get(name):
             problems.append(f"{name}: expected {want.get(name) or 'absent'}, found {have.get(name) or 'absent'}")
     return problems
+
+
+def venv_family(path) -> str:
+    """A venv and the repairs built beside it (``<name>.repair-<run id>``) are one venv: the same lock."""
+    return os.path.basename(os.path.normpath(path or "")).split(".repair-", 1)[0]
+
+
+def is_rollback_target(manifest, digest, venv_path=None) -> bool:
+    """Whether a backup is what "roll back" means: the host as it was before it moved to what it runs now.
+
+    A backup that describes the host as it is (same digest) is not; nor, when ``venv_path`` (the venv the host runs
+    now) is given, one taken while the host already ran that venv or a repair of it: those are backups of a re-run or
+    a repair on the present profile, and restoring one would put back a drifted copy of the present stack.
+    """
+    if manifest.get("digest") == digest:
+        return False
+    if venv_path:
+        taken_on = ((manifest.get("snapshot") or {}).get("venv") or {}).get("path")
+        if taken_on and venv_family(taken_on) == venv_family(venv_path):
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- snapshot and manifest

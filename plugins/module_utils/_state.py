@@ -22,8 +22,10 @@ import json
 import os
 import tempfile
 
-PHASES = ("preflight", "backup", "cuda_toolkit", "venv_rebuild", "postcheck")
-RESULTS = ("in_progress", "upgraded", "rolled_back", "rollback_failed", "failed_preflight", "failed")
+# Every phase a run records, in run order (recover: the rollback of an interrupted run; drain/undrain: taking the
+# host out of service and back, see the serving role).
+PHASES = ("preflight", "recover", "assess", "backup", "drain", "cuda_toolkit", "venv_rebuild", "postcheck", "undrain")
+RESULTS = ("in_progress", "upgraded", "repaired", "rolled_back", "rollback_failed", "failed_preflight", "failed")
 STATE_VERSION = 1
 
 

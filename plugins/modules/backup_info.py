@@ -54,6 +54,12 @@ options:
       - Without O(backup_id), pick the newest backup whose snapshot digest differs from this one (the digest of the
         host as it is now), so that "roll back" undoes the last change instead of restoring the present state.
     type: str
+  unlike_venv:
+    description:
+      - With O(unlike_digest), also pass over backups taken while the host ran this venv (the one C(current) points
+        at now) or a repair of it (C(<venv>.repair-<run id>)), so that a backup of a re-run or a repair on the
+        present profile is never what "roll back" restores; the default target is the host before its upgrade.
+    type: path
   verify_scope:
     description: C(full) checks every file and the archive; C(lock) only the manifest and the venv lock (what a
       controller copy holds).
@@ -114,7 +120,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk
 
 
-def newest_unlike(module, backups_dir, ids, digest):
+def newest_unlike(module, backups_dir, ids, digest, venv=None):
     for backup_id in reversed(ids):
         try:
             manifest = bk.load_manifest(os.path.join(backups_dir, backup_id))
@@ -123,7 +129,7 @@ def newest_unlike(module, backups_dir, ids, digest):
                 msg=f"{module.params['host']}: backup {backup_id} is unusable: {exc}; nothing was changed; "
                 "fix: name a backup with rollback_backup_id, or move the broken one aside"
             )
-        if manifest.get("digest") != digest:
+        if bk.is_rollback_target(manifest, digest, venv):
             return backup_id
     return None
 
@@ -144,7 +150,7 @@ def run(module):
             }
         wanted = ids[-1]
         if p["unlike_digest"]:
-            wanted = newest_unlike(module, backups_dir, ids, p["unlike_digest"])
+            wanted = newest_unlike(module, backups_dir, ids, p["unlike_digest"], p["unlike_venv"])
             if wanted is None:
                 return {
                     "changed": False,
@@ -202,6 +208,7 @@ def main():
             "profile": {"type": "str"},
             "verify": {"type": "bool", "default": True},
             "unlike_digest": {"type": "str"},
+            "unlike_venv": {"type": "path"},
             "verify_scope": {"type": "str", "choices": ["full", "lock"], "default": "full"},
             "require_lock_check": {"type": "bool", "default": False},
         },

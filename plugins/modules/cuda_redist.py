@@ -39,6 +39,12 @@ options:
     description: Extracted size as a multiple of the archives' size, for the free space check.
     type: float
     default: 4.0
+  reinstall:
+    description:
+      - Build and swap in the toolkit even when O(dest) holds it complete, e.g. when the host model (module
+        M(gpufleet.upgrade.host_state)) found files changed since the install. The old tree is renamed away first.
+    type: bool
+    default: false
   verify_nvcc:
     description: Require C(bin/nvcc --version) of the new toolkit to report O(release)'s C(major.minor).
     type: bool
@@ -147,6 +153,17 @@ def build(module, staging, archives):
         rd.extract_archive(path, archive["top_dir"], staging)
 
 
+def installed_files(top):
+    """relative path -> sha256 of every regular file under top (links and the marker itself left out)."""
+    files = {}
+    for folder, _dirs, names in os.walk(top):
+        for name in names:
+            path = os.path.join(folder, name)
+            if name != tk.MARKER and os.path.isfile(path) and not os.path.islink(path):
+                files[os.path.relpath(path, top)] = rd.file_sha256(path)
+    return files
+
+
 def write_metadata(staging, release, archives, version_json):
     with open(os.path.join(staging, "version.json"), "w", encoding="utf-8") as out:
         json.dump(version_json, out, indent=3, sort_keys=True)
@@ -156,6 +173,8 @@ def write_metadata(staging, release, archives, version_json):
         "release": release,
         "installed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "archives": {a["relative_path"]: a["sha256"] for a in archives},
+        # Every installed file's sha256: the host model (module host_state) finds a file changed since.
+        "files": installed_files(staging),
     }
     with open(os.path.join(staging, tk.MARKER), "w", encoding="utf-8") as out:
         json.dump(marker, out, indent=2, sort_keys=True)
@@ -196,6 +215,7 @@ def main():
             "archive_dir": {"type": "path"},
             "extract_factor": {"type": "float", "default": 4.0},
             "verify_nvcc": {"type": "bool", "default": True},
+            "reinstall": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -204,7 +224,7 @@ def main():
     components = [a["component"] for a in archives]
     status = tk.target_status(dest, release, components)
     result = {"changed": False, "home": dest, "status_before": status["status"], "installed": []}
-    if status["status"] == "present":
+    if status["status"] == "present" and not p["reinstall"]:
         module.exit_json(**result)
     if status["status"] in ("not_a_toolkit", "foreign"):
         refuse(module, dest, status)

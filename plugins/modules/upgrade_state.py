@@ -42,7 +42,7 @@ options:
   phase:
     description: Phase reached.
     type: str
-    choices: [preflight, backup, cuda_toolkit, venv_rebuild, postcheck]
+    choices: [preflight, recover, assess, backup, drain, cuda_toolkit, venv_rebuild, postcheck, undrain]
   status:
     description: Whether O(phase) has started or completed.
     type: str
@@ -56,7 +56,7 @@ options:
   result:
     description: Outcome of the run so far.
     type: str
-    choices: [in_progress, upgraded, rolled_back, rollback_failed, failed_preflight, failed]
+    choices: [in_progress, upgraded, repaired, rolled_back, rollback_failed, failed_preflight, failed]
   reason:
     description: Why the run ended as it did.
     type: str

@@ -39,7 +39,7 @@ def served(fleet, node):
 
 
 def audits(result):
-    return {r.host: r.res["ansible_facts"]["gpufleet_audit_report"] for r in result.tasks("Judge the drift")}
+    return {r.host: r.res["ansible_facts"]["gpufleet_audit_report"] for r in result.tasks("Note the host's audit")}
 
 
 def test_audit_upgrade_audit(fleet, run_playbook, node_exec, tmp_path):
@@ -50,8 +50,8 @@ def test_audit_upgrade_audit(fleet, run_playbook, node_exec, tmp_path):
     assert set(audits(first)) == set(fleet.nodes)
     for report in audits(first).values():
         assert report["in_sync"] is False, report
-        assert any("toolkit absent" in d for d in report["drift"]), report
-        assert any("serving venv is lab-cu128-seed" in d for d in report["drift"]), report
+        assert any("toolkit at /usr/local/cuda-13.0 is absent" in d for d in report["drift"]), report
+        assert any("serving venv link: current is lab-cu128-seed" in d for d in report["drift"]), report
     assert {n: fingerprint(node_exec, n) for n in fleet.nodes} == before, "the audit changed a host"
 
     refused = run_playbook("playbooks/audit.yml", fleet.inventory)

@@ -119,13 +119,17 @@ def test_lock_of_another_controller_refuses_until_broken(fleet, run_playbook, no
     assert f"{fleet.nodes[1]}: upgraded" in result.stdout and "totals: upgraded 2" in result.stdout
 
 
-def test_rerun_on_an_upgraded_host_reuses_its_backup(fleet, run_playbook, node_exec):
+def test_rerun_on_an_upgraded_host_takes_no_backup(fleet, run_playbook, node_exec):
     first = upgrade(fleet, run_playbook)
+    assert first.rc == 0, str(first)
+    backups = {node: sh(node_exec, node, "ls /var/lib/gpufleet/backups") for node in fleet.nodes}
     second = upgrade(fleet, run_playbook)
     assert second.rc == 0, str(second)
     for node in fleet.nodes:
-        assert report_of(first, node)["backup_id"] == report_of(second, node)["backup_id"]
-        assert not second.task("Snapshot the host", host=node).changed
+        assert report_of(second, node)["outcome"] == "already at lab (in sync)", report_of(second, node)
+        assert sh(node_exec, node, "ls /var/lib/gpufleet/backups") == backups[node], "a converged host was backed up"
+        assert second.tasks("Snapshot the host", host=node) == []
+    assert second.changed_tasks() == [], [t.task for t in second.changed_tasks()]
 
 
 def test_rollback_refuses_another_hosts_or_profiles_manifest(fleet, run_playbook, node_exec):

@@ -10,9 +10,14 @@ def test_render_orders_phases_and_counts_outcomes():
     reports = {
         "n2": {
             "outcome": "rolled back: after cuda_toolkit: injected",
+            "outcome_kind": "rolled_back",
             "phases": {"rollback": "rolled back to b1", "preflight": "ok"},
         },
-        "n1": {"outcome": "upgraded", "phases": {"postcheck": "ok", "backup": "ok: b0 (new)", "preflight": "ok"}},
+        "n1": {
+            "outcome": "upgraded",
+            "outcome_kind": "upgraded",
+            "phases": {"postcheck": "ok", "backup": "ok: b0 (new)", "preflight": "ok"},
+        },
     }
     text = render(reports, unreachable={"n3"}).splitlines()
     assert text[1].startswith("GPUFLEET SUMMARY")
@@ -30,11 +35,13 @@ def test_render_orders_phases_and_counts_outcomes():
 
 def test_totals_group_outcomes_by_kind():
     reports = {
-        "a": {"outcome": "rolled back to backup b1: host already matched it"},
-        "b": {"outcome": "rolled back to backup b2: current -> /v"},
-        "c": {"outcome": "failed preflight: c: 1.00 GiB free"},
+        "a": {"outcome": "rolled back to backup b1: host already matched it", "outcome_kind": "restored"},
+        "b": {"outcome": "rolled back: after venv_rebuild: boom", "outcome_kind": "rolled_back"},
+        "c": {"outcome": "failed preflight: c: 1.00 GiB free", "outcome_kind": "failed_preflight"},
+        # Text alone is never trusted: without its kind a report counts as unknown.
+        "d": {"outcome": "upgraded"},
     }
-    assert render(reports).splitlines()[-1] == "totals: failed preflight 1, rolled back 2"
+    assert render(reports).splitlines()[-1] == "totals: failed preflight 1, rolled back 2, unknown 1"
 
 
 def test_nothing_to_say():

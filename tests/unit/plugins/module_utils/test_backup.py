@@ -161,3 +161,19 @@ class TestRecords:
         assert bk.snapshot_digest(a) != bk.snapshot_digest(dict(a, venv={"path": "/b"}))
         assert bk.snapshot_digest(a) != bk.snapshot_digest(dict(a, cuda={"target": "/usr/local/cuda-13.0"}))
         assert bk.snapshot_digest(a) != bk.snapshot_digest(dict(a, files=[{"path": "/etc/x", "sha256": "1"}]))
+
+
+def test_rollback_target_is_the_host_before_it_moved_to_its_present_venv():
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as backup
+
+    def manifest(digest, venv):
+        return {"digest": digest, "snapshot": {"venv": {"path": venv}}}
+
+    now_venv = "/opt/s/venvs/lab-ebb7.repair-20261203T1131Z-1"
+    before_upgrade = manifest("d1", "/opt/s/venvs/lab-cu128-seed")
+    repair_backup = manifest("d2", "/opt/s/venvs/lab-ebb7")  # drifted copy of the present stack
+    assert backup.venv_family(now_venv) == "lab-ebb7"
+    assert not backup.is_rollback_target(repair_backup, "d3", now_venv)
+    assert backup.is_rollback_target(before_upgrade, "d3", now_venv)
+    assert not backup.is_rollback_target(before_upgrade, "d1", now_venv)  # the host is already there
+    assert backup.is_rollback_target(repair_backup, "d3")  # without the venv: the digest rule alone

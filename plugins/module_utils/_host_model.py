@@ -1,0 +1,317 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The desired state of a serving host and how far the host is from it: pure logic (host side).
+
+One model for the audit, the upgrade and the rollback. For a host and a profile it lists every managed item with
+its expected and observed value and, when they differ, the drift in words a person reads:
+
+* ``toolkit``: the target CUDA toolkit present, complete, and every file it installed unchanged (the install
+  marker records each file's sha256; toolkits installed before that record only their components);
+* ``cuda link``: ``/usr/local/cuda`` per the profile's link policy (``target``: the new toolkit; ``keep``: where it
+  pointed when the toolkit was installed, recorded in the marker);
+* ``serving venv link``: ``current`` points at a venv built for the lock;
+* ``serving venv``: that venv holds exactly the lock's distributions and versions (local tags included), and each
+  installed file matches its RECORD hash (a removed, added or edited package shows);
+* each managed file (the serving unit, its environment file) equals its rendered template; an environment file is
+  compared variable by variable;
+* ``gpus``: the GPU health judged by ``nvml_info`` (driver against the profile's minimum, errors, clocks).
+
+Every item is ``{item, ok, expected, observed, drift: [words]}``; ``judge`` adds the verdict.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shlex
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._redist import file_sha256
+
+BOOTSTRAP = ("pip", "setuptools", "wheel")
+# At most this many file names in one drift line (the count says how many more).
+SHOWN_FILES = 3
+
+
+def canon(name) -> str:
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
+def item(name, expected, observed, drift=()) -> dict:
+    drift = [str(d) for d in drift]
+    return {"item": name, "ok": not drift, "expected": expected, "observed": observed, "drift": drift}
+
+
+def _files_line(prefix, problems) -> str:
+    shown = ", ".join(f"{path} {how}" for path, how in problems[:SHOWN_FILES])
+    more = f" and {len(problems) - SHOWN_FILES} more" if len(problems) > SHOWN_FILES else ""
+    return f"{prefix}: {shown}{more}"
+
+
+# --------------------------------------------------------------------------- the serving venv
+
+
+def site_packages(venv) -> list:
+    """The venv's site-packages folders (lib/pythonX.Y/site-packages, lib64 too when it is not a link)."""
+    out = []
+    for lib in ("lib", "lib64"):
+        base = os.path.join(venv, lib)
+        if not os.path.isdir(base) or (lib == "lib64" and os.path.islink(base)):
+            continue
+        for name in sorted(os.listdir(base)):
+            candidate = os.path.join(base, name, "site-packages")
+            if name.startswith("python") and os.path.isdir(candidate):
+                out.append(candidate)
+    return out
+
+
+def read_metadata(dist_info) -> tuple:
+    """(Name, Version) from a dist-info's METADATA headers."""
+    name = version = None
+    try:
+        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the headers end at the first blank line
+                key, _, value = line.partition(":")
+                if key == "Name" and name is None:
+                    name = value.strip()
+                elif key == "Version" and version is None:
+                    version = value.strip()
+    except OSError:
+        pass
+    return name, version
+
+
+def record_problems(site, dist_info, verify="record") -> list:
+    """Files of a distribution that differ from its RECORD: ``[(path, 'missing' | 'edited')]``.
+
+    verify: ``record`` compares sizes and sha256, ``size`` sizes only (fast on a multi-GB torch venv), ``none`` skips.
+    Entries without a hash (RECORD itself, byte-code) are not judged.
+    """
+    if verify == "none":
+        return []
+    problems = []
+    try:
+        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return [(os.path.basename(dist_info) + "/RECORD", "missing")]
+    for line in lines:
+        parts = line.rsplit(",", 2)
+        if len(parts) != 3 or not parts[1].startswith("sha256="):
+            continue
+        rel, hash_text, size = parts
+        path = os.path.normpath(os.path.join(site, rel))
+        try:
+            st = os.stat(path)
+        except OSError:
+            problems.append((rel, "missing"))
+            continue
+        if size.isdigit() and st.st_size != int(size):
+            problems.append((rel, "edited"))
+            continue
+        if verify == "record":
+            want = hash_text[len("sha256=") :]
+            have = base64.urlsafe_b64encode(bytes.fromhex(file_sha256(path))).rstrip(b"=").decode()
+            if have != want:
+                problems.append((rel, "edited"))
+    return problems
+
+
+def read_venv(venv, verify="record") -> dict:
+    """What a venv holds: ``{path, exists, distributions: {canon name: {name, version, problems}}}``."""
+    if not venv or not os.path.isdir(venv):
+        return {"path": venv, "exists": False, "distributions": {}}
+    dists = {}
+    for site in site_packages(venv):
+        for entry in sorted(os.listdir(site)):
+            if not entry.endswith(".dist-info"):
+                continue
+            dist_info = os.path.join(site, entry)
+            name, version = read_metadata(dist_info)
+            if not name:
+                continue
+            dists[canon(name)] = {
+                "name": name,
+                "version": version,
+                "problems": record_problems(site, dist_info, verify),
+            }
+    return {"path": venv, "exists": True, "distributions": dists}
+
+
+def venv_item(observed, packages, skip=BOOTSTRAP, label="serving venv") -> dict:
+    """Judge a venv (``read_venv``) against the lock's packages ``[{name, version}]``."""
+    want = {canon(p["name"]): str(p["version"]) for p in packages}
+    expected = {"path": observed.get("path"), "packages": len(want)}
+    if not observed.get("exists"):
+        return item(
+            label,
+            expected,
+            {"path": observed.get("path"), "exists": False},
+            [f"{label}: {observed.get('path') or 'none'} does not exist"],
+        )
+    skipped = {canon(s) for s in skip}
+    have = {k: v for k, v in observed["distributions"].items() if k not in skipped}
+    drift = []
+    for name in sorted(set(want) | set(have)):
+        if name not in have:
+            drift.append(f"{label}: {name} {want[name]} missing")
+        elif name not in want:
+            drift.append(f"{label}: {name} {have[name]['version']} not in the lock")
+        elif have[name]["version"] != want[name]:
+            drift.append(f"{label}: {name} is {have[name]['version']}, the lock wants {want[name]}")
+        elif have[name]["problems"]:
+            drift.append(_files_line(f"{label}: {name} {want[name]}", have[name]["problems"]))
+    observed_view = {
+        "path": observed["path"],
+        "packages": len(have),
+        "edited": sorted(k for k, v in have.items() if v["problems"]),
+    }
+    return item(label, expected, observed_view, drift)
+
+
+def venv_link_item(link, target, expected_path, venv_name) -> dict:
+    """``current`` must point at a venv built for the lock: the lock's venv, or one rebuilt beside it (a repair)."""
+    label = "serving venv link"
+    if not target:
+        return item(label, expected_path, None, [f"{label}: {link} is missing, the lock wants {expected_path}"])
+    name = os.path.basename(os.path.normpath(target))
+    if os.path.normpath(target) == os.path.normpath(expected_path) or name.startswith(f"{venv_name}.repair-"):
+        return item(label, expected_path, target)
+    return item(
+        label, expected_path, target, [f"{label}: current is {name}, the lock wants {os.path.basename(expected_path)}"]
+    )
+
+
+# --------------------------------------------------------------------------- managed files
+
+
+def parse_env(text) -> dict:
+    """An EnvironmentFile's variables (``KEY=value``, ``KEY="value"``); comments and blank lines left out."""
+    out = {}
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        try:
+            words = shlex.split(value, posix=True)
+            value = words[0] if len(words) == 1 else value.strip()
+        except ValueError:
+            value = value.strip()
+        out[key.strip()] = value
+    return out
+
+
+def file_item(label, path, expected_text, observed_text, kind="text") -> dict:
+    """A managed file against its rendered template. kind ``env`` names each variable that differs."""
+    if observed_text is None:
+        return item(label, path, None, [f"{label}: {path} is missing"])
+    if observed_text.rstrip("\n") == expected_text.rstrip("\n"):
+        return item(label, path, path)
+    drift = []
+    if kind == "env":
+        want, have = parse_env(expected_text), parse_env(observed_text)
+        for key in sorted(set(want) | set(have)):
+            if key not in have:
+                drift.append(f"{label}: {key} is not set, profile wants {want[key]}")
+            elif key not in want:
+                drift.append(f"{label}: {key}={have[key]} is not in the profile")
+            elif have[key] != want[key]:
+                drift.append(f"{label}: {key} is {have[key]}, profile wants {want[key]}")
+        # Comments and layout are not the service's environment: same variables, same file as far as it runs.
+    else:
+        want_lines, have_lines = expected_text.splitlines(), observed_text.splitlines()
+        for number, (w, h) in enumerate(zip(want_lines, have_lines, strict=False), start=1):
+            if w != h:
+                drift.append(f"{label}: line {number} is {h!r}, the template has {w!r}")
+                break
+        else:
+            drift.append(f"{label}: {len(have_lines)} lines, the template has {len(want_lines)}")
+    return item(label, path, path, drift)
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- toolkit and link
+
+
+def toolkit_files_problems(home, files) -> list:
+    """Files the toolkit's marker recorded (relative path -> sha256) that are missing or changed now."""
+    problems = []
+    for rel in sorted(files):
+        path = os.path.join(home, rel)
+        if not os.path.isfile(path):
+            problems.append((rel, "missing"))
+        elif file_sha256(path) != files[rel]:
+            problems.append((rel, "edited"))
+    return problems
+
+
+def toolkit_item(home, release, status, marker) -> dict:
+    """The target toolkit: ``status`` is ``_toolkit.target_status``; ``marker`` its install record (or None)."""
+    label = "toolkit"
+    observed = {"path": home, "status": status.get("status"), "release": status.get("release")}
+    drift = []
+    if status.get("status") != "present":
+        missing = status.get("missing") or []
+        drift.append(
+            f"CUDA {release} toolkit at {home} is {status.get('status')}"
+            + (f" (missing {', '.join(missing)})" if missing and status.get("status") != "absent" else "")
+        )
+    else:
+        problems = toolkit_files_problems(home, (marker or {}).get("files") or {})
+        if problems:
+            drift.append(_files_line(f"CUDA {release} toolkit", problems))
+    return item(label, {"path": home, "release": release}, observed, drift)
+
+
+def link_item(link_state, policy, home, recorded) -> dict:
+    """The global CUDA link: ``target`` -> the new toolkit; ``keep`` -> where it resolved before the install
+    (``recorded``, from the marker; nothing to judge when the install recorded none)."""
+    label = "cuda link"
+    want = home if policy == "target" else recorded
+    have = link_state.get("resolved")
+    if not want:
+        return item(label, None, have)
+    if have is None:
+        return item(
+            label, want, None, [f"{label}: {link_state.get('path')} is missing, the profile wants it at {want}"]
+        )
+    if os.path.normpath(have) != os.path.normpath(want):
+        return item(
+            label, want, have, [f"{label}: {link_state.get('path')} resolves to {have}, the profile wants {want}"]
+        )
+    return item(label, want, have)
+
+
+def gpu_item(nvml) -> dict:
+    """GPU health as ``nvml_info`` judged it (healthy, skipped on a host without GPUs, or the reasons)."""
+    nvml = nvml or {}
+    status = nvml.get("status") or "unknown"
+    if status in ("healthy", "skipped"):
+        return item("gpus", "healthy", status)
+    reasons = nvml.get("reasons") or [status]
+    return item("gpus", "healthy", status, [f"GPU health: {'; '.join(str(r) for r in reasons)}"])
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def judge(items) -> dict:
+    """``{in_sync, drift, items, drifted}``: drift is every item's words, in item order."""
+    drift = [line for entry in items for line in entry["drift"]]
+    return {
+        "in_sync": not drift,
+        "drift": drift,
+        "drifted": [entry["item"] for entry in items if not entry["ok"]],
+        "items": list(items),
+    }

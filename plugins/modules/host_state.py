@@ -1,0 +1,190 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: host_state
+short_description: Compare a serving host with the desired state of a stack profile, item by item
+description:
+  - "The one model of a host's state that the audit, the upgrade (converge or repair) and the rollback use
+    (C(module_utils/_host_model.py)). Lists every managed item with its expected and observed value and, where they
+    differ, the drift in words (C(serving venv: six 1.17.0 missing),
+    C(gpufleet-serving.env: CUDA_HOME is /usr/local/cuda-12.8, profile wants /usr/local/cuda-13.0))."
+  - "Items: the target toolkit (present, complete, every installed file against the sha256 its install marker
+    recorded), the global CUDA link (policy C(target)), the C(current) link, the serving venv (the lock's
+    distributions and versions, each installed file against its RECORD hash), each managed file against its rendered
+    template, the GPUs as M(gpufleet.upgrade.nvml_info) judged them."
+  - Read only. Reports changed only with O(drift_is_change) on a drifted host (the audit counts what an upgrade would
+    change so). With C(--diff), returns the difference of every drifted file and the drift lines of the others.
+version_added: 0.1.0
+options:
+  toolkit:
+    description: The target toolkit, C({home, release, components, link, link_policy}); omitted, not judged.
+    type: dict
+  venv:
+    description:
+      - The serving venv, C({link, expected_path, venv_name, packages, verify}); C(packages) are the lock's
+        C({name, version}); C(verify) is C(record) (sha256 of every file, default), C(size) or C(none).
+    type: dict
+  files:
+    description: Managed files, each C({label, path, content, kind}); C(kind=env) compares variable by variable.
+    type: list
+    elements: dict
+    default: []
+  gpus:
+    description: The result of M(gpufleet.upgrade.nvml_info) on this host; omitted, not judged.
+    type: dict
+  drift_is_change:
+    description:
+      - Report a drifted host as changed (what an audit counts); otherwise the module never reports changed.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
+author: gpufleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Compare the host with the profile
+  gpufleet.upgrade.host_state:
+    toolkit:
+      home: /usr/local/cuda-13.0
+      release: 13.0.2
+      components: [cuda_nvcc, cuda_cudart]
+      link: /usr/local/cuda
+      link_policy: keep
+    venv:
+      link: /opt/gpufleet/serving/current
+      expected_path: /opt/gpufleet/serving/venvs/cu130-0123456789ab
+      venv_name: cu130-0123456789ab
+      packages: "{{ gpufleet_wheel_lock.packages }}"
+    files:
+      - label: gpufleet-serving.env
+        path: /etc/gpufleet/gpufleet-serving.env
+        content: "{{ lookup('ansible.builtin.template', 'serving.env.j2') }}"
+        kind: env
+  register: state
+"""
+
+RETURN = r"""
+in_sync:
+  description: Every item matches.
+  returned: always
+  type: bool
+drift:
+  description: Every drift line, in item order.
+  returned: always
+  type: list
+  elements: str
+drifted:
+  description:
+    - Names of the items that drifted (C(toolkit), C(cuda link), C(serving venv link), C(serving venv), a file's
+      label, C(gpus)).
+  returned: always
+  type: list
+  elements: str
+items:
+  description: Every item, C({item, ok, expected, observed, drift}).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_model as hm
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
+
+
+def toolkit_items(spec):
+    home, release = spec["home"], spec["release"]
+    status = tk.target_status(home, release, spec.get("components") or [])
+    items = [hm.toolkit_item(home, release, status, tk.read_marker(home) if os.path.isdir(home) else None)]
+    if spec.get("link"):
+        items.append(hm.link_item(tk.link_state(spec["link"]), spec.get("link_policy") or "keep", home, None))
+    return items
+
+
+def venv_items(spec):
+    link = spec["link"]
+    target = os.path.realpath(link) if os.path.islink(link) else None
+    items = [hm.venv_link_item(link, target, spec["expected_path"], spec.get("venv_name") or "")]
+    observed = hm.read_venv(target or spec["expected_path"], spec.get("verify") or "record")
+    items.append(hm.venv_item(observed, spec.get("packages") or []))
+    return items
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "toolkit": {"type": "dict"},
+            "venv": {"type": "dict"},
+            "files": {"type": "list", "elements": "dict", "default": []},
+            "gpus": {"type": "dict"},
+            "drift_is_change": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    items, diffs, file_labels = [], [], set()
+    try:
+        if p["toolkit"]:
+            items += toolkit_items(p["toolkit"])
+        if p["venv"]:
+            items += venv_items(p["venv"])
+        for spec in p["files"]:
+            observed = hm.read_text(spec["path"])
+            entry = hm.file_item(
+                spec.get("label") or spec["path"],
+                spec["path"],
+                spec.get("content") or "",
+                observed,
+                spec.get("kind") or "text",
+            )
+            items.append(entry)
+            file_labels.add(entry["item"])
+            if not entry["ok"]:
+                diffs.append(
+                    {
+                        "before_header": spec["path"],
+                        "after_header": f"{spec['path']} (template)",
+                        "before": observed or "",
+                        "after": spec.get("content") or "",
+                    }
+                )
+        if p["gpus"] is not None:
+            items.append(hm.gpu_item(p["gpus"]))
+    except (KeyError, TypeError) as exc:
+        module.fail_json(msg=f"host_state: an item spec lacks {exc}; see the module's options for each item's keys")
+    verdict = hm.judge(items)
+    result = dict(verdict, changed=bool(p["drift_is_change"] and not verdict["in_sync"]))
+    if module._diff:
+        other = [line for entry in items if entry["item"] not in file_labels for line in entry["drift"]]
+        if other:
+            diffs.insert(
+                0,
+                {
+                    "before_header": "host",
+                    "after_header": "profile",
+                    "before": "".join(f"{line}\n" for line in other),
+                    "after": "",
+                },
+            )
+        result["diff"] = diffs
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

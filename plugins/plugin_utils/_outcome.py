@@ -1,0 +1,227 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""How a host ends a run, and why: pure logic, no Ansible (controller side).
+
+The upgrade's safety contract lives here, not in Jinja: which phase a failure belongs to, whether the host
+had changed (and so must be rolled back), what the outcome is called, and the host's report. The playbooks
+call it through the filters of ``plugins/filter/outcome.py``; the summary callback reads the same kinds.
+
+A host's run is a sequence of phases (``_state.PHASES``; ``recover`` is the rollback of an interrupted
+run). A failure is judged by the phase that was running and whether that phase had completed (a failure
+after a completed phase came from the test hook or the next phase's start, not from the phase itself):
+
+* in ``preflight``, or in ``recover`` after it completed -> nothing was changed: "failed preflight";
+* in ``recover`` before it completed -> the rollback of the interrupted run failed: "ROLLBACK FAILED";
+* in ``backup`` before it completed -> only the backup folder was written: "failed before any change";
+* anywhere later -> the host may have changed: it is rolled back to this run's backup.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Phases that run before the host may change; a failure in them needs no rollback.
+NO_CHANGE_PHASES = ("preflight", "recover", "assess")
+# Phase order in reports (the summary prints phases in this order).
+REPORT_ORDER = (
+    "preflight",
+    "recover",
+    "assess",
+    "backup",
+    "drain",
+    "cuda_toolkit",
+    "venv_rebuild",
+    "postcheck",
+    "undrain",
+    "rollback",
+)
+REASON_LIMIT = 400
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of outcome: the words a person reads, and what it means for the rollout."""
+
+    label: str  # how the outcome's text starts; also the key of the summary's totals
+    template: str  # the outcome's text; {detail} is what happened
+    ok: bool  # the host ended where the run wanted it
+    counts_as_failure: bool  # counts towards gpufleet_max_failed_hosts
+    state_result: str | None  # result recorded in state.json (None: nothing recorded for this kind)
+
+
+KINDS = {
+    "upgraded": Kind("upgraded", "upgraded", True, False, "upgraded"),
+    "would_upgrade": Kind("would upgrade", "would upgrade (check mode: nothing changed)", True, False, None),
+    # The host model (role assess) found the host at the profile: nothing ran after it, nothing changed.
+    "in_sync": Kind("already at", "already at {detail} (in sync)", True, False, None),
+    # The host ran the profile's venv but drifted: the phases repaired exactly the drift.
+    "repaired": Kind("repaired", "repaired: {detail}", True, False, "repaired"),
+    "would_repair": Kind("would repair", "would repair (check mode: nothing changed): {detail}", True, False, None),
+    "failed_preflight": Kind("failed preflight", "failed preflight: {detail}", False, True, "failed_preflight"),
+    "failed_before_change": Kind(
+        "failed before any change", "failed before any change: {detail}", False, True, "failed"
+    ),
+    "rolled_back": Kind("rolled back", "rolled back: {detail}", False, True, "rolled_back"),
+    "rollback_failed": Kind("ROLLBACK FAILED", "ROLLBACK FAILED: {detail}", False, True, "rollback_failed"),
+    "not_started": Kind("not started", "not started: {detail}", False, False, None),
+    # playbooks/rollback.yml: the rollback role's own words ("rolled back to backup ...", "nothing to roll back: ...").
+    "restored": Kind("rolled back", "{detail}", True, False, "rolled_back"),
+    "nothing_to_roll_back": Kind("nothing to roll back", "{detail}", True, False, None),
+    "unknown": Kind("unknown", "unknown{detail}", False, True, None),
+}
+
+
+class OutcomeError(ValueError):
+    """An outcome kind or report the playbook asked for that does not exist."""
+
+
+def kind_of(name) -> Kind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise OutcomeError(f"outcome kind {name!r} is not one of {', '.join(sorted(KINDS))}") from None
+
+
+def outcome(kind, detail="", host="", backup_id="") -> dict:
+    """The outcome a report carries: ``{kind, text, ok, counts_as_failure, state_result}``.
+
+    A failed rollback's text ends with the fix, naming the host and the backup to restore by hand.
+    """
+    spec = kind_of(kind)
+    detail = " ".join(str(detail or "").split())
+    if kind == "rollback_failed" and host:
+        detail += f"; fix: inspect the host, then run playbooks/rollback.yml -l {host}" + (
+            f" -e rollback_backup_id={backup_id}" if backup_id else ""
+        )
+    if kind == "unknown" and detail:
+        detail = ": " + detail
+    return {
+        "kind": kind,
+        "text": spec.template.format(detail=detail),
+        "ok": spec.ok,
+        "counts_as_failure": spec.counts_as_failure,
+        "state_result": spec.state_result,
+    }
+
+
+def run_outcome(assess, profile, check_mode=False) -> dict:
+    """How a host that went through every phase ends, from the host model's verdict before the change
+    (fact assess_result): already at the profile, repaired (it ran the profile's venv, some items drifted), or
+    upgraded; the check-mode words for the last two."""
+    assess = assess if isinstance(assess, dict) else {}
+    if assess.get("in_sync"):
+        return outcome("in_sync", profile)
+    if assess.get("on_profile"):
+        return outcome("would_repair" if check_mode else "repaired", "; ".join(assess.get("drift") or []))
+    return outcome("would_upgrade" if check_mode else "upgraded")
+
+
+def failure_reason(task_name, result) -> str:
+    """One line saying what failed: the task's name and its message (every failed loop item's), stderr added."""
+    result = result if isinstance(result, dict) else {}
+    items = [r.get("msg", "") for r in result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:
+        message = "; ".join(str(m) for m in items)
+    else:
+        message = f"{result.get('msg', '')} {str(result.get('stderr', '')).strip()}"
+    text = re.sub(r"\s+", " ", f"{task_name or 'a task'}: {message.strip()}").strip()
+    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3].rstrip() + "..."
+
+
+def classify_failure(phase, completed) -> dict:
+    """Judge a failure by the phase that ran and whether it had completed (see the module docstring).
+
+    Returns ``{failed_phase, action, kind}``; action: ``refuse`` (nothing changed: report only),
+    ``rollback`` (restore this run's backup) or ``recovery_failed`` (the interrupted run's rollback failed).
+    """
+    phase = str(phase or "preflight")
+    completed = bool(completed)
+    if phase == "recover" and not completed:
+        return {"failed_phase": "recover", "action": "recovery_failed", "kind": "rollback_failed"}
+    if phase in NO_CHANGE_PHASES:
+        return {"failed_phase": "preflight", "action": "refuse", "kind": "failed_preflight"}
+    if phase == "backup" and not completed:
+        return {"failed_phase": "backup", "action": "refuse", "kind": "failed_before_change"}
+    return {
+        "failed_phase": f"after {phase}" if completed else phase,
+        "action": "rollback",
+        "kind": "rolled_back",
+    }
+
+
+def _tok_s(bench):
+    value = (bench or {}).get("output_tok_s") if isinstance(bench, dict) else None
+    return None if value in (None, "") else round(float(value), 1)
+
+
+def phase_note(phase, facts) -> dict:
+    """``{phase: note}`` saying what a completed phase did, from the facts its roles published; {} for none."""
+    facts = facts if isinstance(facts, dict) else {}
+    if phase == "preflight":
+        gates = facts.get("preflight_report") or {}
+        words = [f"{gate} {'ok' if str(value).startswith('ok') else value}" for gate, value in gates.items()]
+        return {phase: "ok: " + ", ".join(words)}
+    if phase == "recover":
+        recovery = facts.get("preflight_recovery") or {}
+        if recovery.get("action") != "rollback":
+            return {}
+        return {phase: f"{recovery.get('reason')}: {facts.get('rollback_outcome') or 'rolled back'}"}
+    if phase == "assess":
+        assess = facts.get("assess_result") or {}
+        # The items only: the outcome line (repaired: ...) or the audit has each drift in words.
+        drifted = assess.get("drifted") or []
+        return {phase: "in sync" if assess.get("in_sync") else f"drift in {', '.join(drifted)}"}
+    if phase == "backup":
+        how = "reused" if facts.get("backup_reused") else "new"
+        return {phase: f"ok: {facts.get('backup_id')} ({how})"}
+    if phase == "cuda_toolkit":
+        return {phase: f"ok: {facts.get('cuda_toolkit_home') or 'installed'}"}
+    if phase == "venv_rebuild":
+        return {phase: f"ok: current -> {facts.get('venv_rebuild_path') or '?'}"}
+    if phase == "postcheck":
+        before = _tok_s(facts.get("postcheck_baseline"))
+        after = _tok_s(((facts.get("postcheck_result") or {}).get("bench") or {}).get("bench"))
+        if before is None or after is None:
+            return {phase: "ok"}
+        return {phase: f"ok: speculative decoding {before} -> {after} tok/s"}
+    if phase in ("drain", "undrain"):
+        how = facts.get("gpufleet_drain") or "none"
+        return {} if how == "none" else {phase: f"ok: {how}"}
+    return {phase: "ok"}
+
+
+def host_report(result, host, run_id, profile, backup_id="", phases=None, check_mode=False) -> dict:
+    """The host's report: what the callback prints, the controller keeps and the last play judges."""
+    if not isinstance(result, dict) or "kind" not in result:
+        result = outcome("unknown", "no outcome was noted (check mode)" if check_mode else "no outcome was noted")
+    return {
+        "host": host,
+        "run_id": run_id,
+        "profile": profile,
+        "outcome": result["text"],
+        "outcome_kind": result["kind"],
+        "ok": bool(result["ok"]),
+        "backup_id": backup_id or "",
+        "phases": dict(phases or {}),
+        "check_mode": bool(check_mode),
+    }
+
+
+def report_kind(report) -> Kind:
+    """The kind of a published report; a report without one is unknown (never guessed from its text)."""
+    return KINDS.get((report or {}).get("outcome_kind"), KINDS["unknown"])
+
+
+def failed_hosts(batch, reports) -> list:
+    """Hosts of a batch that count against gpufleet_max_failed_hosts: failed, rolled back, or no report at all.
+
+    ``reports`` maps host -> its gpufleet_upgrade_report (None when the host never published one).
+    """
+    failed = []
+    for host in batch:
+        report = reports.get(host)
+        if not isinstance(report, dict) or report_kind(report).counts_as_failure:
+            failed.append(host)
+    return failed

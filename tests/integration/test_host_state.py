@@ -1,0 +1,129 @@
+# Copyright: (c) 2026, gpufleet.upgrade contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One model of a host's state (role assess, module host_state) on two lab hosts: a converged host is left alone
+(check, apply, check and apply again change nothing), every kind of damage shows in the audit in words, fails the
+audit with gpufleet_audit_fail_on_drift, and a re-run repairs exactly it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SITE = "$(readlink -f /opt/gpufleet/serving/current)/lib/python3.11/site-packages"
+ENV_FILE = "/etc/gpufleet/gpufleet-serving.env"
+UNIT_FILE = "/etc/systemd/system/gpufleet-serving.service"
+HEADER = "/usr/local/cuda-13.0/include/cuda_runtime.h"
+# Damage of the serving venv (node 1) and of the files around it (node 2), each independent of the others.
+DAMAGE = {
+    0: (
+        f"SP={SITE}; rm -rf $SP/six-*.dist-info $SP/six.py; "
+        "mkdir -p $SP/extra_tool-1.0.dist-info; "
+        "printf 'Metadata-Version: 2.1\\nName: extra-tool\\nVersion: 1.0\\n' > $SP/extra_tool-1.0.dist-info/METADATA; "
+        "echo '# edited' >> $SP/lab_sglang/__init__.py"
+    ),
+    1: (
+        f"sed -i 's#^CUDA_HOME=.*#CUDA_HOME=\"/usr/local/cuda-12.8\"#' {ENV_FILE}; "
+        f"sed -i 's#^Restart=.*#Restart=no#' {UNIT_FILE}; echo '// edited' >> {HEADER}"
+    ),
+}
+EXPECTED = {
+    0: [
+        "serving venv: extra-tool 1.0 not in the lock",
+        "serving venv: lab-sglang 0.5.9: lab_sglang/__init__.py edited",
+        "serving venv: six 1.17.0 missing",
+    ],
+    1: [
+        "CUDA 13.0.2 toolkit: include/cuda_runtime.h edited",
+        "gpufleet-serving.service: line 12 is 'Restart=no', the template has 'Restart=on-failure'",
+        "gpufleet-serving.env: CUDA_HOME is /usr/local/cuda-12.8, profile wants /usr/local/cuda-13.0",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(lab_fleet):
+    return lab_fleet(2, name=f"state-{os.getpid() % 100000}")
+
+
+def sh(node_exec, node, script):
+    return node_exec(node, ["sh", "-c", script], check=True).stdout.strip()
+
+
+def audits(result):
+    return {r.host: r.res["ansible_facts"]["gpufleet_audit_report"] for r in result.tasks("Note the host's audit")}
+
+
+def reports(result):
+    found = {}
+    for r in result.tasks("Publish the host's report"):
+        if "ansible_facts" in r.res:
+            found[r.host] = r.res["ansible_facts"]["gpufleet_upgrade_report"]
+    return found
+
+
+def upgrade(fleet, run_playbook, **kw):
+    return run_playbook("playbooks/upgrade.yml", fleet.inventory, extravars={"gpufleet_batch_size": 2}, **kw)
+
+
+def test_a_converged_host_is_left_alone(fleet, run_playbook):
+    first = upgrade(fleet, run_playbook)
+    assert first.rc == 0, first
+    assert {r["outcome"] for r in reports(first).values()} == {"upgraded"}, reports(first)
+    # The four steps: check, apply, check, apply. Nothing changes and every host says it is at the profile.
+    for check in (True, False, True, False):
+        again = upgrade(fleet, run_playbook, check=check, diff=check)
+        assert again.rc == 0, again
+        changed = [f"{r.host}: {r.task}" for r in again.changed_tasks()]
+        assert changed == [], changed
+        assert {r["outcome"] for r in reports(again).values()} == {"already at lab (in sync)"}, reports(again)
+        assert all(set(r["phases"]) == {"preflight", "assess"} for r in reports(again).values()), reports(again)
+    audit = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, diff=True)
+    assert audit.rc == 0 and audit.changed_tasks() == [], audit
+    assert all(r["in_sync"] for r in audits(audit).values()), audits(audit)
+
+
+def test_every_damage_is_named_and_repaired(fleet, run_playbook, node_exec):
+    for index, script in DAMAGE.items():
+        sh(node_exec, fleet.nodes[index], script)
+    audit = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, diff=True)
+    assert audit.rc == 0, audit
+    for index, lines in EXPECTED.items():
+        node = fleet.nodes[index]
+        assert audits(audit)[node]["drift"] == lines, audits(audit)[node]
+        # A drifted host counts as changed (the audit's one changed task), an in-sync host would not.
+        changed = [r.task for r in audit.changed_tasks(node)]
+        assert len(changed) == 1 and changed[0].endswith("Compare the host with the profile"), changed
+    strict = run_playbook(
+        "playbooks/audit.yml", fleet.inventory, check=True, extravars={"gpufleet_audit_fail_on_drift": True}
+    )
+    assert strict.rc != 0, strict
+
+    check = upgrade(fleet, run_playbook, check=True, diff=True)
+    assert check.rc == 0, check
+    for index, lines in EXPECTED.items():
+        outcome = reports(check)[fleet.nodes[index]]["outcome"]
+        assert outcome == "would repair (check mode: nothing changed): " + "; ".join(lines), outcome
+
+    repair = upgrade(fleet, run_playbook)
+    assert repair.rc == 0, repair
+    for index, lines in EXPECTED.items():
+        node = fleet.nodes[index]
+        assert reports(repair)[node]["outcome"] == "repaired: " + "; ".join(lines), reports(repair)[node]
+    # The damaged venv is never changed: node 1 runs a venv built beside it.
+    assert ".repair-" in sh(node_exec, fleet.nodes[0], "readlink -f /opt/gpufleet/serving/current")
+    assert "cuda-13.0" in sh(node_exec, fleet.nodes[1], f"grep ^CUDA_HOME= {ENV_FILE}")
+    assert sh(node_exec, fleet.nodes[1], "systemctl is-active gpufleet-serving") == "active"
+
+    after = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, diff=True)
+    assert all(r["in_sync"] for r in audits(after).values()), audits(after)
+    silent = upgrade(fleet, run_playbook)
+    assert silent.rc == 0 and silent.changed_tasks() == [], [r.task for r in silent.changed_tasks()]
+
+
+def test_audit_of_one_host_under_limit(fleet, run_playbook):
+    one = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, limit=fleet.nodes[1])
+    assert one.rc == 0, one
+    assert set(audits(one)) == {fleet.nodes[1]}

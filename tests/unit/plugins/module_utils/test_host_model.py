@@ -1,0 +1,173 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host model on real files: a venv laid out as an installer leaves it (dist-info, METADATA, RECORD)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_model as hm
+
+LOCK = [{"name": "lab-torch", "version": "2.9.1+cu130"}, {"name": "six", "version": "1.17.0"}]
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def install(site, name, version, files):
+    """A distribution as pip/uv install it: its files, METADATA and a RECORD with each file's hash."""
+    dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nBody: not a header\n"
+    )
+    lines = []
+    for rel, data in files.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        lines.append(f"{rel},{record_hash(data)},{len(data)}")
+    lines.append(f"{dist_info.name}/RECORD,,")
+    (dist_info / "RECORD").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def venv(tmp_path):
+    root = tmp_path / "venvs" / "lab-0123"
+    site = root / "lib" / "python3.12" / "site-packages"
+    install(site, "lab-torch", "2.9.1+cu130", {"lab_torch/__init__.py": b"x = 1\n", "lab_torch/_C.so": b"\0" * 64})
+    install(site, "six", "1.17.0", {"six.py": b"# six\n"})
+    install(site, "pip", "25.0", {"pip/__init__.py": b""})
+    return root
+
+
+def test_a_venv_that_matches_the_lock_is_in_sync(venv):
+    entry = hm.venv_item(hm.read_venv(str(venv)), LOCK)
+    assert entry["ok"] and entry["drift"] == [], entry
+    assert entry["observed"]["packages"] == 2  # pip is venv tooling, not judged
+
+
+def test_a_removed_package_is_named(venv):
+    site = venv / "lib" / "python3.12" / "site-packages"
+    for path in site.glob("six*"):
+        if path.is_dir():
+            for f in path.iterdir():
+                f.unlink()
+            path.rmdir()
+        else:
+            path.unlink()
+    assert hm.venv_item(hm.read_venv(str(venv)), LOCK)["drift"] == ["serving venv: six 1.17.0 missing"]
+
+
+def test_an_added_package_and_another_version_are_named(venv):
+    site = venv / "lib" / "python3.12" / "site-packages"
+    install(site, "extra-tool", "1.0", {"extra_tool.py": b""})
+    lock = [{"name": "lab_torch", "version": "2.9.1+cu128"}, {"name": "Six", "version": "1.17.0"}]
+    assert hm.venv_item(hm.read_venv(str(venv)), lock)["drift"] == [
+        "serving venv: extra-tool 1.0 not in the lock",
+        "serving venv: lab-torch is 2.9.1+cu130, the lock wants 2.9.1+cu128",
+    ]
+
+
+def test_an_edited_file_shows_even_at_the_same_size(venv):
+    site = venv / "lib" / "python3.12" / "site-packages"
+    (site / "lab_torch" / "__init__.py").write_bytes(b"x = 2\n")
+    drift = hm.venv_item(hm.read_venv(str(venv)), LOCK)["drift"]
+    assert drift == ["serving venv: lab-torch 2.9.1+cu130: lab_torch/__init__.py edited"]
+    # A size-only check is blind to a same-size edit, and sees a removed file.
+    assert hm.venv_item(hm.read_venv(str(venv), verify="size"), LOCK)["ok"]
+    os.unlink(site / "lab_torch" / "_C.so")
+    assert "lab_torch/_C.so missing" in hm.venv_item(hm.read_venv(str(venv), verify="size"), LOCK)["drift"][0]
+
+
+def test_many_problems_are_counted_not_listed(tmp_path):
+    site = tmp_path / "v" / "lib" / "python3.11" / "site-packages"
+    install(site, "big", "1", {f"big/f{i}.py": b"a" for i in range(5)})
+    for i in range(5):
+        (site / "big" / f"f{i}.py").unlink()
+    drift = hm.venv_item(hm.read_venv(str(tmp_path / "v")), [{"name": "big", "version": "1"}])["drift"]
+    assert drift[0].endswith("big/f2.py missing and 2 more"), drift
+
+
+def test_a_missing_venv_and_a_wrong_link(tmp_path):
+    assert hm.venv_item(hm.read_venv(str(tmp_path / "nope")), LOCK)["drift"] == [
+        f"serving venv: {tmp_path / 'nope'} does not exist"
+    ]
+    want = "/opt/s/venvs/lab-0123"
+    assert hm.venv_link_item("/opt/s/current", want, want, "lab-0123")["ok"]
+    assert hm.venv_link_item("/opt/s/current", "/opt/s/venvs/lab-0123.repair-r1", want, "lab-0123")["ok"]
+    assert hm.venv_link_item("/opt/s/current", "/opt/s/venvs/old", want, "lab-0123")["drift"] == [
+        "serving venv link: current is old, the lock wants lab-0123"
+    ]
+    assert "is missing" in hm.venv_link_item("/opt/s/current", None, want, "lab-0123")["drift"][0]
+
+
+ENV = 'CUDA_HOME="/usr/local/cuda-13.0"\nPATH="/usr/local/cuda-13.0/bin:/usr/bin"\nSGLANG_X="1"\n'
+
+
+def test_env_file_drift_names_each_variable():
+    edited = ENV.replace('cuda-13.0"', 'cuda-12.8"').replace('SGLANG_X="1"\n', "") + "EXTRA=2\n"
+    drift = hm.file_item("gpufleet-serving.env", "/etc/gpufleet/gpufleet-serving.env", ENV, edited, "env")["drift"]
+    assert drift == [
+        "gpufleet-serving.env: CUDA_HOME is /usr/local/cuda-12.8, profile wants /usr/local/cuda-13.0",
+        "gpufleet-serving.env: EXTRA=2 is not in the profile",
+        "gpufleet-serving.env: SGLANG_X is not set, profile wants 1",
+    ]
+    assert hm.file_item("e", "/e", ENV, "# note\n" + ENV, "env")["ok"]  # a comment is not the environment
+    assert hm.file_item("e", "/e", ENV, ENV, "env")["ok"]
+    assert hm.file_item("e", "/e", ENV, None, "env")["drift"] == ["e: /e is missing"]
+
+
+def test_unit_drift_names_the_first_line():
+    unit = "[Service]\nExecStart=/opt/current/bin/python -m sglang\nRestart=always\n"
+    drift = hm.file_item("u.service", "/u", unit, unit.replace("always", "no"), "text")["drift"]
+    assert drift == ["u.service: line 3 is 'Restart=no', the template has 'Restart=always'"]
+    assert hm.file_item("u.service", "/u", unit, unit + "Nice=5\n")["drift"] == [
+        "u.service: 4 lines, the template has 3"
+    ]
+
+
+def test_toolkit_files_and_status(tmp_path):
+    home = tmp_path / "cuda-13.0"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").write_bytes(b"nvcc")
+    marker = {"files": {"bin/nvcc": hashlib.sha256(b"nvcc").hexdigest(), "lib/libcudart.so": "00"}}
+    present = {"status": "present", "release": "13.0.2"}
+    assert hm.toolkit_item(str(home), "13.0.2", present, marker)["drift"] == [
+        "CUDA 13.0.2 toolkit: lib/libcudart.so missing"
+    ]
+    (home / "bin" / "nvcc").write_bytes(b"evil")
+    assert "bin/nvcc edited" in hm.toolkit_item(str(home), "13.0.2", present, marker)["drift"][0]
+    # A toolkit installed before markers recorded files is judged by its components only.
+    assert hm.toolkit_item(str(home), "13.0.2", present, {"archives": {}})["ok"]
+    incomplete = {"status": "incomplete", "missing": ["libnvvm"]}
+    assert hm.toolkit_item(str(home), "13.0.2", incomplete, None)["drift"] == [
+        f"CUDA 13.0.2 toolkit at {home} is incomplete (missing libnvvm)"
+    ]
+
+
+def test_cuda_link_by_policy():
+    state = {"path": "/usr/local/cuda", "resolved": "/usr/local/cuda-12.8"}
+    assert hm.link_item(state, "target", "/usr/local/cuda-13.0", None)["drift"] == [
+        "cuda link: /usr/local/cuda resolves to /usr/local/cuda-12.8, the profile wants /usr/local/cuda-13.0"
+    ]
+    assert hm.link_item(state, "keep", "/usr/local/cuda-13.0", None)["ok"]  # keep with nothing recorded
+    assert hm.link_item(state, "keep", "/usr/local/cuda-13.0", "/usr/local/cuda-12.8")["ok"]
+
+
+def test_gpus_and_the_verdict():
+    items = [
+        hm.gpu_item({"status": "skipped"}),
+        hm.gpu_item({"status": "unhealthy", "reasons": ["GPU 3: 2 ECC errors"]}),
+    ]
+    verdict = hm.judge(items)
+    assert verdict["in_sync"] is False
+    assert verdict["drift"] == ["GPU health: GPU 3: 2 ECC errors"]
+    assert verdict["drifted"] == ["gpus"]
+    assert hm.judge(items[:1])["in_sync"] is True
