@@ -74,7 +74,7 @@ def read_metadata(dist_info) -> tuple:
             for line in handle:
                 if not line.strip():
                     break  # the headers end at the first blank line
-                key, _, value = line.partition(":")
+                key, _sep, value = line.partition(":")
                 if key == "Name" and name is None:
                     name = value.strip()
                 elif key == "Version" and version is None:
@@ -195,7 +195,7 @@ def parse_env(text) -> dict:
         line = line.strip()
         if not line or line.startswith(("#", ";")) or "=" not in line:
             continue
-        key, _, value = line.partition("=")
+        key, _sep, value = line.partition("=")
         try:
             words = shlex.split(value, posix=True)
             value = words[0] if len(words) == 1 else value.strip()

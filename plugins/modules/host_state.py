@@ -51,7 +51,8 @@ attributes:
     support: full
   platform:
     platforms: posix
-author: gpufleet maintainers
+author:
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""
