@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import shlex
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._backup import canonical_name as canon
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._redist import file_sha256
 
 BOOTSTRAP = ("pip", "setuptools", "wheel")
 # At most this many file names in one drift line (the count says how many more).
 SHOWN_FILES = 3
-
-
-def canon(name) -> str:
-    return re.sub(r"[-_.]+", "-", str(name)).lower()
 
 
 def item(name, expected, observed, drift=()) -> dict:

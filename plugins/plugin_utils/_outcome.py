@@ -22,21 +22,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state
+
 # Phases that run before the host may change; a failure in them needs no rollback.
 NO_CHANGE_PHASES = ("preflight", "recover", "assess")
 # Phase order in reports (the summary prints phases in this order).
-REPORT_ORDER = (
-    "preflight",
-    "recover",
-    "assess",
-    "backup",
-    "drain",
-    "cuda_toolkit",
-    "venv_rebuild",
-    "postcheck",
-    "undrain",
-    "rollback",
-)
+REPORT_ORDER = (*_state.PHASES, "rollback")
 REASON_LIMIT = 400
 
 
