@@ -57,6 +57,7 @@ unit: setup
 	  $(PY) -m pytest tests/unit lab/tests -q $(PYTEST_ARGS)
 	if [ -x $(VENV)/torch/bin/python ]; then \
 	  $(VENV)/torch/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_smoke_worker_torch.py; fi
+	$(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_sglang_protocol.py
 
 molecule: mirrors
 	molecule test --all

@@ -55,3 +55,29 @@ if [[ ! -x .venv/torch/bin/python ]] || ! .venv/torch/bin/python -c 'import torc
     echo "setup: no local CPU build of torch 2.13.0; the torch comparison tests will be skipped"
   fi
 fi
+
+# SGLang 0.5.9's own Python code (.venv/sglang) for the protocol tests that hold the benchmark client and the lab
+# stand-in to it (tests/unit/plugins/module_utils/test_sglang_protocol.py). The wheel is pure Python; installed
+# without its dependencies (torch, flashinfer, sgl-kernel: gigabytes), plus only what importing
+# sglang.srt.entrypoints.openai.protocol needs (found by trying: sglang/utils.py imports numpy, pybase64, requests,
+# IPython, aiohttp at the top; protocol.py pydantic and openai) and orjson, with which http_server.py frames its
+# stream. Keyed by these pins: a change rebuilds it.
+sglang_pins=('sglang==0.5.9' 'pydantic==2.14.4' 'openai==2.6.1' 'numpy==2.4.6' 'pybase64==1.5.1' 'requests==2.34.2'
+  'ipython==9.18.1' 'aiohttp==3.14.5' 'orjson==3.13.0' 'pytest==8.4.2')
+sglang_stamp=.venv/sglang/.pins-$(printf '%s\n' "${sglang_pins[@]}" | sha256sum | cut -c1-12)
+if [[ ! -e $sglang_stamp ]] || ! .venv/sglang/bin/python -c 'import sglang.srt.entrypoints.openai.protocol, orjson, pytest' 2>/dev/null; then
+  rm -rf .venv/sglang.tmp
+  if .venv/bin/uv venv -q --python python3 .venv/sglang.tmp \
+    && .venv/bin/uv pip install -q --python .venv/sglang.tmp/bin/python --no-deps "${sglang_pins[0]}" \
+    && .venv/bin/uv pip install -q --python .venv/sglang.tmp/bin/python "${sglang_pins[@]:1}" \
+    && .venv/sglang.tmp/bin/python -c 'import sglang.srt.entrypoints.openai.protocol, orjson, pytest'; then
+    touch ".venv/sglang.tmp/${sglang_stamp#.venv/sglang/}"
+    rm -rf .venv/sglang && mv .venv/sglang.tmp .venv/sglang
+    echo "setup: .venv/sglang ready (SGLang 0.5.9's code, without its heavy dependencies, for the protocol tests)"
+  else
+    rm -rf .venv/sglang.tmp
+    echo "setup: could not build .venv/sglang from the default index (see the errors above); the SGLang protocol" \
+      "tests need it: check that pip's configured index is reachable and run make setup again" >&2
+    exit 1
+  fi
+fi

@@ -62,6 +62,23 @@ def plan(prompt_set, repeats, warmup, concurrency):
     }
 
 
+def server_summary(info):
+    """What a result keeps of /server_info: fields of SGLang's ServerArgs, its version and internal_states[0]."""
+    internal = (info.get("internal_states") or [{}])[0] or {}
+    return {
+        "version": info.get("version"),
+        "model_path": info.get("model_path"),
+        "served_model_name": info.get("served_model_name"),
+        "speculative_algorithm": info.get("speculative_algorithm"),
+        "speculative_draft_model_path": info.get("speculative_draft_model_path"),
+        "speculative_num_steps": info.get("speculative_num_steps"),
+        "speculative_eagle_topk": info.get("speculative_eagle_topk"),
+        "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens"),
+        "avg_spec_accept_length": internal.get("avg_spec_accept_length"),
+        "lab": info.get("gpufleet_lab"),
+    }
+
+
 def percentile(values, pct):
     """Percentile with linear interpolation between closest ranks (numpy's default); None when empty."""
     ordered = sorted(values)

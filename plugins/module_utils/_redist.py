@@ -28,6 +28,13 @@ MANIFEST_KEYS = ("release_date", "release_label", "release_product")
 ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tar.bz2", ".tgz", ".tar")
 _RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _LISTED_RE = re.compile(r"redistrib_([0-9]+\.[0-9]+\.[0-9]+)\.json")
+_SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+# Components NVIDIA renamed between releases (13.3 ships CCCL as "cccl"; 13.2 and before as "cuda_cccl").
+# A profile naming the other one gets a hint instead of a bare "not in the manifest".
+COMPONENT_ALIASES = {
+    "cuda_cccl": ("cccl",),
+    "cccl": ("cuda_cccl",),
+}
 
 
 class RedistError(Exception):
@@ -89,49 +96,189 @@ def components_of(manifest: dict) -> list[str]:
     return sorted(key for key, value in manifest.items() if isinstance(value, dict) and "version" in value)
 
 
+def _is_archive(item) -> bool:
+    return isinstance(item, dict) and "relative_path" in item
+
+
+def _variants(item) -> dict:
+    """A platform object holding per-CUDA archives ({"cuda13.1": {...}}), as NVIDIA writes cuda_variant entries."""
+    if not isinstance(item, dict) or "relative_path" in item:
+        return {}
+    return {key: value for key, value in item.items() if _is_archive(value)}
+
+
 def platforms_of(manifest: dict, component: str) -> list[str]:
     entry = manifest.get(component) or {}
-    return sorted(key for key, value in entry.items() if isinstance(value, dict) and "relative_path" in value)
+    return sorted(key for key, value in entry.items() if _is_archive(value) or _variants(value))
 
 
-def select(manifest: dict, components, platform: str, manifest_label: str = "the manifest") -> list[dict]:
-    """Archives to install for one platform, in the order the components were asked for."""
+def manifest_label_of(manifest: dict) -> str:
+    label = manifest.get("release_label")
+    return f"redistrib_{label}.json" if isinstance(label, str) and label else "the manifest"
+
+
+def _refetch_fix(label: str) -> str:
+    name = posixpath.basename(label) if label.endswith(".json") else "redistrib_<release>.json"
+    return (
+        f"the manifest is damaged or was edited: copy {name} again from the profile's redist source"
+        " (cuda.sources.redist) into the mirror"
+    )
+
+
+def _alias_hint(manifest: dict, component: str, label: str) -> str | None:
+    present = [alias for alias in COMPONENT_ALIASES.get(component, ()) if alias in manifest]
+    if not present:
+        return None
+    return (
+        f"{component} is not in {label}; this release calls it {present[0]!r} \u2014 use that name in the profile's"
+        " cuda.components (or cuda_toolkit_components)"
+    )
+
+
+def _check_components(manifest: dict, components, label: str) -> None:
     known = components_of(manifest)
-    unknown = [c for c in components if c not in known]
-    if unknown:
+    damaged = [c for c in components if c in manifest and c not in known]
+    if damaged:
         raise RedistError(
-            f"component(s) {', '.join(unknown)} not in {manifest_label}; remove them from cuda.components"
-            f" (or cuda_toolkit_components). Components it offers: {', '.join(known)}",
-            kind="unknown_component",
+            "; ".join(
+                f"{label}: {c} has no version (entry: {str(manifest[c])[:120]}); {_refetch_fix(label)}" for c in damaged
+            ),
+            kind="bad_entry",
         )
-    missing = [c for c in components if platform not in platforms_of(manifest, c)]
+    unknown = [c for c in components if c not in known]
+    if not unknown:
+        return
+    hints = [h for h in (_alias_hint(manifest, c, label) for c in unknown) if h]
+    plain = [c for c in unknown if not _alias_hint(manifest, c, label)]
+    parts = list(hints)
+    if plain:
+        parts.append(
+            f"component(s) {', '.join(plain)} not in {label}; remove them from cuda.components"
+            f" (or cuda_toolkit_components). Components it offers: {', '.join(known)}"
+        )
+    raise RedistError("; ".join(parts), kind="unknown_component")
+
+
+def _platform_key(entry: dict, platform: str) -> str | None:
+    """The entry's key for this platform; linux-all archives (NVIDIA's platform-independent ones) fit any Linux."""
+    for key in (platform, "linux-all"):
+        if isinstance(entry.get(key), dict):
+            return key
+    return None
+
+
+def select(
+    manifest: dict, components, platform: str, manifest_label: str | None = None, release: str | None = None
+) -> list[dict]:
+    """Archives to install for one platform, in the order the components were asked for.
+
+    `release` (X.Y.Z, default the manifest's release_label) picks the variant of components that NVIDIA ships per
+    CUDA version (cuda_variant, e.g. cuda_compat's "cuda13.1" archives).
+    """
+    label = manifest_label or manifest_label_of(manifest)
+    _check_components(manifest, components, label)
+    missing = [c for c in components if _platform_key(manifest[c], platform) is None]
     if missing:
         offered = sorted({p for c in missing for p in platforms_of(manifest, c)})
         raise RedistError(
-            f"{manifest_label} has no {platform} archive for {', '.join(missing)}"
+            f"{label} has no {platform} archive for {', '.join(missing)}"
             f" (it offers {', '.join(offered) or 'none'});"
             f" use a mirror that carries {platform} or leave hosts of this platform out of the play",
             kind="platform",
         )
-    return [_archive(manifest, c, platform) for c in components]
+    archives, problems = [], []
+    for component in components:
+        try:
+            archives.append(_archive(manifest, component, platform, label, release))
+        except RedistError as exc:
+            problems.append(exc)
+    if problems:
+        raise RedistError("; ".join(str(p) for p in problems), kind=problems[0].kind)
+    return archives
 
 
-def _archive(manifest: dict, component: str, platform: str) -> dict:
+def _cuda_version(release) -> tuple[str, str] | None:
+    match = re.match(r"^([0-9]+)\.([0-9]+)", str(release or ""))
+    return (match.group(1), match.group(2)) if match else None
+
+
+def pick_variant(variants, release) -> str | None:
+    """The variant for this CUDA release: cudaX.Y, else cudaX, else the only one of major X."""
+    version = _cuda_version(release)
+    if not version:
+        return None
+    major, minor = version
+    for wanted in (f"cuda{major}.{minor}", f"cuda{major}"):
+        if wanted in variants:
+            return wanted
+    same_major = [v for v in variants if re.fullmatch(rf"cuda{major}(\.[0-9]+)*", v)]
+    return same_major[0] if len(same_major) == 1 else None
+
+
+def _archive(manifest: dict, component: str, platform: str, label: str, release: str | None = None) -> dict:
     entry = manifest[component]
-    item = entry[platform]
-    rel = item["relative_path"]
-    if rel.startswith("/") or ".." in rel.split("/"):
-        raise RedistError(f"manifest entry {component}/{platform} has an unsafe relative_path {rel!r}", kind="json")
+    key = _platform_key(entry, platform)
+    item, where, variant = entry[key], key, None
+    variants = _variants(item)
+    if variants:
+        release = release or manifest.get("release_label")
+        variant = pick_variant(variants, release)
+        if variant is None:
+            version = _cuda_version(release)
+            wanted = f"cuda{version[0]}" if version else "a cudaX variant"
+            raise RedistError(
+                f"{label}: {component} is shipped per CUDA version (cuda_variant) and its {key} variants are"
+                f" {', '.join(sorted(variants))}, none for {wanted} (release {release!r}); remove {component} from"
+                " the profile's cuda.components, or set cuda.release to a release whose manifest has that variant",
+                kind="variant",
+            )
+        item, where = variants[variant], f"{key}/{variant}"
     return {
         "component": component,
         "name": entry.get("name", component),
         "version": entry["version"],
         "platform": platform,
-        "relative_path": rel,
-        "sha256": item["sha256"].lower(),
-        "size": int(item["size"]),
-        "top_dir": top_dir(rel),
+        "variant": variant,
+        "relative_path": _relative_path(item, component, where, label),
+        "sha256": _sha256_field(item, component, where, label),
+        "size": _size_field(item, component, where, label),
+        "top_dir": top_dir(item["relative_path"]),
     }
+
+
+def _bad_field(label, component, where, field, item, problem, fix=None) -> RedistError:
+    value = f"{item[field]!r}" if field in item else "missing"
+    return RedistError(
+        f"{label}: {component} {where} field {field!r} is {value} ({problem}); {fix or _refetch_fix(label)}",
+        kind="bad_entry",
+    )
+
+
+def _relative_path(item: dict, component: str, where: str, label: str) -> str:
+    rel = item.get("relative_path")
+    if not isinstance(rel, str) or not rel:
+        raise _bad_field(label, component, where, "relative_path", item, "no archive path")
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise _bad_field(label, component, where, "relative_path", item, "it points outside the redist tree")
+    return rel
+
+
+def _sha256_field(item: dict, component: str, where: str, label: str) -> str:
+    sha = item.get("sha256")
+    if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+        problem = "the archive cannot be verified without it" if sha is None else "not 64 hexadecimal digits"
+        raise _bad_field(label, component, where, "sha256", item, problem)
+    return sha.lower()
+
+
+def _size_field(item: dict, component: str, where: str, label: str) -> int:
+    size = item.get("size")
+    # NVIDIA writes sizes as strings of digits; an int is accepted too, bool (an int subclass) is not.
+    if isinstance(size, bool) or not isinstance(size, (int, str)) or not re.fullmatch(r"-?[0-9]+", str(size).strip()):
+        raise _bad_field(label, component, where, "size", item, "not a whole number of bytes")
+    if int(size) < 0:
+        raise _bad_field(label, component, where, "size", item, "a negative byte count")
+    return int(size)
 
 
 def top_dir(relative_path: str) -> str:
@@ -142,9 +289,9 @@ def top_dir(relative_path: str) -> str:
     return base
 
 
-def plan(manifest: dict, components, platforms, manifest_label: str = "the manifest") -> dict:
+def plan(manifest: dict, components, platforms, manifest_label: str | None = None, release: str | None = None) -> dict:
     """platform -> archives, for every platform some host needs."""
-    return {p: select(manifest, components, p, manifest_label) for p in sorted(set(platforms))}
+    return {p: select(manifest, components, p, manifest_label, release) for p in sorted(set(platforms))}
 
 
 def unique_archives(per_platform: dict) -> list[dict]:
@@ -171,23 +318,51 @@ def file_sha256(path: str, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def verify_file(path: str, sha256: str, size: int | None = None, label: str | None = None) -> None:
-    """Raise unless the file has the manifest's size and sha256."""
+def verify_file(
+    path: str,
+    sha256: str,
+    size: int | None = None,
+    label: str | None = None,
+    component: str | None = None,
+    manifest: str | None = None,
+) -> None:
+    """Raise unless the file has the manifest's size and sha256 (compared case-insensitively).
+
+    The sha256 decides what a size difference means: same sha256, other size -> the manifest's size is wrong;
+    other sha256 and smaller -> a cut download; other sha256 and larger -> the mirror serves another file.
+    """
     label = label or path
+    what = f"{component} archive {label}" if component else label
+    listed = f" in {manifest}" if manifest else ""
     actual_size = os.path.getsize(path)
+    actual = file_sha256(path)
+    if actual == sha256.strip().lower():
+        if size is not None and actual_size != size:
+            raise RedistError(
+                f"{what} matches its sha256 but is {actual_size} bytes, while the size field{listed} says {size}:"
+                f" the manifest's size is wrong, not the download. Correct the size of {component or 'the archive'}"
+                f"{listed} (or copy the manifest again from NVIDIA); running again will not help",
+                kind="manifest_size",
+            )
+        return
     if size is not None and actual_size < size:
         raise RedistError(
-            f"{label} is truncated: {actual_size} of {size} bytes; the download was cut short, run again"
+            f"{what} is truncated: {actual_size} of {size} bytes; the download was cut short, run again"
             " (the partial file is discarded)",
             kind="truncated",
         )
-    actual = file_sha256(path)
-    if actual != sha256.lower():
+    if size is not None and actual_size > size:
         raise RedistError(
-            f"{label} has sha256 {actual}, the manifest says {sha256}; the archive was altered or the mirror"
-            " is out of step with its manifest. Refresh the mirror from NVIDIA and run again",
-            kind="sha256",
+            f"{what} is {actual_size} bytes, larger than the {size} bytes{listed}, and its sha256 {actual} is not"
+            f" the manifest's {sha256}; the mirror serves another file under this name. Refresh the mirror from"
+            " NVIDIA and run again",
+            kind="size",
         )
+    raise RedistError(
+        f"{what} has sha256 {actual}, the manifest says {sha256}; the archive was altered or the mirror"
+        " is out of step with its manifest. Refresh the mirror from NVIDIA and run again",
+        kind="sha256",
+    )
 
 
 def releases_in_listing(text: str) -> list[str]:

@@ -77,6 +77,18 @@ class Client:
         except ValueError as exc:
             raise ServerError(f"malformed JSON from {self.base_url}{path}: {_excerpt(raw)}") from exc
 
+    def server_info(self):
+        """GET /server_info, or /get_server_info from a server that has no /server_info (SGLang < 0.5.9).
+
+        SGLang 0.5.9 answers both but logs /get_server_info as deprecated, to be removed; 0.5.3 has only that one.
+        """
+        try:
+            return self.get_json("/server_info")
+        except ServerError as exc:
+            if not isinstance(exc.__cause__, urllib.error.HTTPError) or exc.__cause__.code != 404:
+                raise
+        return self.get_json("/get_server_info")
+
     def health(self, timeout=5.0):
         """(True, 'HTTP 200') when /health answers 200, else (False, what was seen)."""
         try:

@@ -42,6 +42,8 @@ GPU_CHECKS = (
 )
 FLASHINFER_CHECKS = {c for c in GPU_CHECKS if c.startswith("flashinfer_")}
 HOST_CHECKS = ("torch_env", "flashinfer_versions", "peer_access", "symmetric_memory")
+# The build check for the fleet's SMs: one worker per target SM (flashinfer fixes its target archs at import).
+BUILD_CHECK = "build_targets"
 # Checks as the module reports them (torch_env is split into cuda_version and arch_in_list).
 ALL_CHECKS = (
     "torch_cuda_version",
@@ -51,6 +53,7 @@ ALL_CHECKS = (
     "peer_access",
     "symmetric_memory",
     "nccl_allreduce",
+    BUILD_CHECK,
 )
 FLASHINFER_DISTS = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
 
@@ -387,3 +390,297 @@ def run_parallel(jobs: dict, max_workers: int | None = None) -> dict:
     with ThreadPoolExecutor(max_workers=max_workers or len(jobs)) as pool:
         futures = {key: pool.submit(fn) for key, fn in jobs.items()}
         return {key: fut.result() for key, fut in futures.items()}
+
+
+# ------------------------------------------------------------------------------------------ per-SM settings
+
+TOLERANCE_KEYS = tuple(DEFAULT_TOLERANCES)
+# Single-prefill backends flashinfer 0.6 picks per SM: fa3 (wgmma, TMA) exists for Hopper only; every SM >= 7.5
+# runs fa2. A profile's postcheck.smoke.per_sm[].prefill_backends replaces this.
+FA3_MAJORS = (9,)
+
+
+def sm_key(value) -> str | None:
+    """One spelling of an SM for comparisons: '9.0', 'sm_90', 'sm_90a', '90', (9, 0) -> '9.0'; '12.0' stays."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return f"{int(value[0])}.{int(value[1])}"
+    text = str(value).strip().lower()
+    if text.startswith(("sm_", "compute_")):
+        text = text.split("_", 1)[1].rstrip("af")
+        if not text.isdigit() or len(text) < 2:
+            return None
+        return f"{int(text[:-1])}.{text[-1]}"  # the last digit is the minor version: sm_120 -> 12.0
+    major, _, minor = text.partition(".")
+    if major.isdigit() and minor.isdigit() and len(minor) == 1:
+        return f"{int(major)}.{minor}"
+    if text.isdigit() and len(text) >= 2:
+        return f"{int(text[:-1])}.{text[-1]}"
+    return None
+
+
+def sm_major(sm: str) -> int:
+    return int(sm.split(".")[0])
+
+
+def sm_name(sm: str, suffix: str = "") -> str:
+    """'12.0' -> 'sm_120' (suffix 'a' -> 'sm_120a')."""
+    major, minor = sm.split(".")
+    return f"sm_{major}{minor}{suffix}"
+
+
+def arch_variants(sm: str) -> list[str]:
+    """What nvcc must build for a target: sm_XX, and the arch-specific sm_XXa that every SM from Hopper on has
+    (wgmma, tcgen05 and the like live only there; flashinfer builds its kernels for it)."""
+    return [sm_name(sm), sm_name(sm, "a")] if sm_major(sm) >= 9 else [sm_name(sm)]
+
+
+def flashinfer_arch(sm: str) -> str:
+    """The FLASHINFER_CUDA_ARCH_LIST entry flashinfer itself picks for a GPU of this SM (compilation_context.py)."""
+    return f"{sm}a" if sm_major(sm) >= 9 else sm
+
+
+def per_sm_settings(per_sm, sm: str | None) -> dict:
+    """The profile's settings for one SM (postcheck.smoke.per_sm[] with that sm), or {}."""
+    for entry in per_sm or ():
+        if sm_key(entry.get("sm")) == sm:
+            return entry
+    return {}
+
+
+def tolerances_for(base: dict | None, per_sm, sm: str | None) -> dict:
+    """The run's tolerances, with the profile's per-SM values for this SM winning where set."""
+    entry = per_sm_settings(per_sm, sm)
+    extra = {k: entry[k] for k in TOLERANCE_KEYS if entry.get(k) is not None}
+    return dict(base or {}, **extra)
+
+
+def prefill_backends_for(per_sm, sm: str) -> list[str]:
+    entry = per_sm_settings(per_sm, sm)
+    if entry.get("prefill_backends"):
+        return list(entry["prefill_backends"])
+    return ["fa2", "fa3"] if sm_major(sm) in FA3_MAJORS else ["fa2"]
+
+
+def judge_probes(raw: dict, gpu: dict, expected) -> dict:
+    """capability_probes is reported; a profile's per-SM expected_probes must read true on a GPU of that SM."""
+    if not expected:
+        return outcome("info", "", raw=raw)
+    probes = raw.get("flashinfer_probes")
+    if not isinstance(probes, dict):
+        return outcome(
+            "failed",
+            f"{gpu_label(gpu)}: capability_probes: flashinfer's probes were not read ({raw.get('flashinfer')}),"
+            f" the profile expects {', '.join(expected)} (postcheck.smoke.per_sm)",
+            raw=raw,
+        )
+    wrong = {name: probes.get(name, "absent") for name in expected if probes.get(name) is not True}
+    if wrong:
+        seen = ", ".join(f"{name} = {value}" for name, value in wrong.items())
+        return outcome(
+            "failed",
+            f"{gpu_label(gpu)} ({gpu.get('sm')}): capability_probes: {seen}, the profile expects true"
+            " (postcheck.smoke.per_sm[].expected_probes); a torch or flashinfer build without this SM's"
+            " arch-specific kernels is the usual cause",
+            raw=raw,
+        )
+    return outcome("passed", f"{gpu_label(gpu)}: {', '.join(expected)} true", raw=raw)
+
+
+# ------------------------------------------------------------------------------------------ build check
+
+
+def build_plan(target_sms, devices, per_sm=None) -> list[dict]:
+    """One entry per SM to build for: the profile's targets and the SMs of this host's GPUs, in SM order.
+
+    A target with a GPU here is compiled and run on the first such GPU; the others are compiled and inspected only.
+    """
+    wanted = {}
+    for sm in target_sms or ():
+        key = sm_key(sm)
+        if key is None:
+            raise ValueError(f"target SM {sm!r} is not an SM such as '9.0' or '12.0'")
+        wanted.setdefault(key, {"from_profile": True, "gpus": []})
+    for device in devices:
+        key = sm_key(device.get("sm"))
+        if key is not None:
+            wanted.setdefault(key, {"from_profile": False, "gpus": []})["gpus"].append(device["index"])
+    plan = []
+    for sm in sorted(wanted, key=lambda k: tuple(int(p) for p in k.split("."))):
+        gpus = wanted[sm]["gpus"]
+        plan.append(
+            {
+                "sm": sm,
+                "check": f"build_{sm_name(sm)}",
+                "variants": arch_variants(sm),
+                "flashinfer_arch": flashinfer_arch(sm),
+                "prefill_backends": prefill_backends_for(per_sm, sm),
+                "from_profile": wanted[sm]["from_profile"],
+                "host_gpus": gpus,
+                "run_index": gpus[0] if gpus else None,
+            }
+        )
+    return plan
+
+
+def target_env(env: dict, target: dict, workspace: str) -> dict:
+    """The worker's environment for one target: flashinfer builds for that arch only, into a scratch workspace (so
+    nothing is left in the serving user's cache for an SM the host does not have), with its JIT allowed.
+
+    flashinfer 0.6 disables its JIT when FLASHINFER_DISABLE_JIT is set to anything, "0" included.
+    """
+    out = {k: v for k, v in env.items() if k != "FLASHINFER_DISABLE_JIT"}
+    out["FLASHINFER_CUDA_ARCH_LIST"] = target["flashinfer_arch"]
+    out["FLASHINFER_WORKSPACE_BASE"] = workspace
+    return out
+
+
+def _judge_toolkit(toolkit: dict, expected_cuda: str | None, problems: list):
+    if not toolkit.get("nvcc"):
+        problems.append(f"no nvcc found (CUDA_HOME={toolkit.get('cuda_home')!r}); set CUDA_HOME to the new toolkit")
+    elif expected_cuda and toolkit.get("nvcc_release") != expected_cuda:
+        problems.append(
+            f"nvcc {toolkit['nvcc']} is release {toolkit.get('nvcc_release')}, the profile targets {expected_cuda};"
+            f" set CUDA_HOME to the CUDA {expected_cuda} toolkit"
+        )
+
+
+def _judge_nvcc(raw_nvcc: dict, target: dict, problems: list, inspected: list) -> list:
+    built = []
+    for variant in target["variants"]:
+        got = raw_nvcc.get(variant) or {"rc": None, "error": "not attempted"}
+        if got.get("rc") != 0:
+            problems.append(f"nvcc cannot build {variant}: {str(got.get('error') or '').strip()[-300:]}")
+            continue
+        built.append(variant)
+        elf = got.get("elf")
+        if elf is None:
+            continue  # no cuobjdump: reported in the summary, not a build failure
+        if variant not in elf:
+            problems.append(f"cuobjdump finds no {variant} SASS in nvcc's output (ELF images: {elf})")
+            continue
+        sass = got.get("sass") or {}
+        if "instructions" in sass and sass["instructions"] <= 0:
+            problems.append(f"cuobjdump --dump-sass shows no {variant} instructions")
+            continue
+        inspected.append(variant)
+    return built
+
+
+def _judge_flashinfer(raw_fi: dict, target: dict, params: dict, problems: list, inspected: list) -> list:
+    if raw_fi.get("status") == "missing_package":
+        package = raw_fi.get("package") or "flashinfer"
+        status, why = resolve_missing(package, params.get("required_packages"), params.get("python", "python"))
+        if status == "failed":
+            problems.append(why)
+        return []
+    if raw_fi.get("error"):
+        problems.append(f"flashinfer could not be prepared: {raw_fi['error'][-400:]}")
+        return []
+    built = []
+    arch = sm_name(target["sm"], "a" if target["flashinfer_arch"].endswith("a") else "")
+    for name, mod in sorted(raw_fi.get("modules", {}).items()):
+        if not mod.get("built"):
+            problems.append(f"flashinfer's JIT cannot build {name} for {target['flashinfer_arch']}: {mod.get('error')}")
+            continue
+        built.append(name)
+        elf = mod.get("elf")
+        if elf is None:
+            continue
+        if arch not in elf:
+            problems.append(f"flashinfer's {name} holds no {arch} SASS (ELF images: {elf})")
+        else:
+            inspected.append(f"flashinfer {name}")
+    return built
+
+
+def _judge_run(raw_run: dict | None, target: dict, params: dict, problems: list) -> list:
+    if not raw_run:
+        return []
+    ran = []
+    gpu = {"index": raw_run.get("index"), "uuid": raw_run.get("uuid")}
+    for check in sorted(FLASHINFER_CHECKS):
+        got = raw_run.get(check)
+        if got is None:
+            continue
+        verdict = judge_kernel(check, got, gpu, params)
+        if verdict["status"] == "passed":
+            ran.append(check.replace("flashinfer_", ""))
+        elif verdict["status"] != "skipped":
+            problems.append(f"freshly built, {verdict['message']}")
+    return ran
+
+
+def judge_build_target(raw: dict, target: dict, arch_list, expected_cuda: str | None, params: dict) -> dict:
+    """What the stack built, inspected and ran for one target SM; failed when it cannot build for it."""
+    problems, inspected = [], []
+    status = raw.get("status")
+    if status in ("timeout", "error", "not_run"):
+        problems.append(f"the build worker: {raw.get('error')}")
+        raw = {}
+    _judge_toolkit(raw.get("toolkit", {}), expected_cuda, problems)
+    nvcc_built = _judge_nvcc(raw.get("nvcc", {}), target, problems, inspected)
+    fi_built = _judge_flashinfer(raw.get("flashinfer", {}), target, params, problems, inspected)
+    ran = _judge_run(raw.get("run"), target, params, problems) if target["run_index"] is not None else []
+    if sm_name(target["sm"]) not in (arch_list or []):
+        problems.append(f"torch.cuda.get_arch_list() {arch_list} lacks {sm_name(target['sm'])}")
+    no_inspector = (raw.get("toolkit") or {}).get("cuobjdump") is None and bool(raw)
+    summary = _build_summary(target, nvcc_built, fi_built, inspected, ran, no_inspector)
+    if _extra_modules(raw):
+        summary += f" (the run also compiled {', '.join(_extra_modules(raw))})"
+    who = f"SM {target['sm']}"
+    data = {
+        "sm": target["sm"],
+        "built": {"nvcc": nvcc_built, "flashinfer": fi_built, "flashinfer_arch": target["flashinfer_arch"]},
+        "inspected": inspected,
+        "ran": ran,
+        "run_on": None if target["run_index"] is None else f"GPU {target['run_index']}",
+        "not_run_reason": None if target["run_index"] is not None else f"no SM {target['sm']} GPU on this host",
+        "raw": raw,
+    }
+    if problems:
+        return outcome("failed", f"{who}: the stack cannot build for it: " + "; ".join(problems), **data)
+    return outcome("passed", f"{who}: {summary}", **data)
+
+
+def _build_summary(target, nvcc_built, fi_built, inspected, ran, no_inspector) -> str:
+    parts = [f"built by nvcc for {', '.join(nvcc_built)}"]
+    if fi_built:
+        parts.append(f"flashinfer JIT built {', '.join(fi_built)} for {target['flashinfer_arch']}")
+    else:
+        parts.append("no flashinfer module built (flashinfer is not installed and not required)")
+    if no_inspector:
+        parts.append("SASS not inspected (no cuobjdump in the toolkit: add the cuda_cuobjdump component)")
+    elif inspected:
+        parts.append("SASS inspected with cuobjdump")
+    if target["run_index"] is None:
+        parts.append(f"inspected, not run (no SM {target['sm']} GPU on this host)")
+    elif ran:
+        parts.append(f"ran on GPU {target['run_index']} within tolerance: {', '.join(ran)}")
+    return "; ".join(parts)
+
+
+def _extra_modules(raw: dict) -> list:
+    """Modules the run compiled besides the built ones: its kernels then differ from what the build step proved."""
+    return list((raw.get("run") or {}).get("extra_modules") or [])
+
+
+def judge_build(results: dict, plan: list, arch_list, expected_cuda: str | None, params: dict, per_sm=None) -> dict:
+    """The host check build_targets: every target's outcome and the targets the stack cannot build for."""
+    targets = {}
+    for target in plan:
+        tol = tolerances_for(params.get("tolerances"), per_sm, target["sm"])
+        raw = results.get(target["check"], {"status": "not_run", "error": "the build worker reported nothing"})
+        targets[target["sm"]] = judge_build_target(raw, target, arch_list, expected_cuda, dict(params, tolerances=tol))
+    cannot = [sm for sm, got in targets.items() if got["status"] != "passed"]
+    data = {"targets": targets, "cannot_build": cannot, "run_on_host": [t["sm"] for t in plan if t["host_gpus"]]}
+    messages = [got["message"] for got in targets.values()]
+    if cannot:
+        return outcome(
+            "failed",
+            f"build_targets: the stack cannot build for SM {', '.join(cannot)}: "
+            + " | ".join(targets[sm]["message"] for sm in cannot),
+            **data,
+        )
+    return outcome("passed", "build_targets: " + " | ".join(messages), **data)

@@ -13,6 +13,10 @@ Modes:
   host                       torch/CUDA facts, arch list, flashinfer versions, peer access, symmetric memory
   gpu --index I --checks ..  per-GPU kernels against references
   allreduce --rank R --world-size N --init-file F --backend nccl|gloo
+  build --target SM --variants sm_XX,sm_XXa --prefill-backends fa2[,fa3] --workdir D [--run-index I] --checks NAME
+                             the toolkit's nvcc and flashinfer's JIT build for one target SM (flashinfer's target
+                             arch comes from FLASHINFER_CUDA_ARCH_LIST, set by the module); cuobjdump lists the SASS;
+                             with --run-index the freshly built flashinfer kernels also run on that GPU
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -427,6 +434,222 @@ HOST_TABLE = {
 }
 
 
+# ------------------------------------------------------------------------------------------- build check
+
+# A kernel small enough to build in a second for any SM; what matters is that the toolkit emits SASS for the target.
+KERNEL_SOURCE = """
+extern "C" __global__ void gpufleet_axpy(float a, const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+_ELF_RE = re.compile(r"\.(sm_[0-9]+[af]?)\.cubin\s*$")
+_SASS_ARCH_RE = re.compile(r"^\s*arch = (sm_[0-9]+[af]?)\s*$")
+_SASS_INSN_RE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+\S")
+_NVCC_RELEASE_RE = re.compile(r"release ([0-9]+\.[0-9]+), (V[0-9.]+)")
+
+
+def _tail(text, limit=1500):
+    text = (text or "").strip()
+    return text[-limit:]
+
+
+def _run(argv, timeout=600, env=None):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def find_toolkit():
+    """The toolkit flashinfer's JIT uses (its own order: CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else "/usr/local/cuda"
+    bindir = os.path.join(home, "bin")
+
+    def tool(name):
+        path = os.path.join(bindir, name)
+        return path if os.access(path, os.X_OK) else shutil.which(name)
+
+    nvcc = os.path.join(bindir, "nvcc") if os.access(os.path.join(bindir, "nvcc"), os.X_OK) else None
+    toolkit = {"cuda_home": home, "nvcc": nvcc, "cuobjdump": tool("cuobjdump"), "nvdisasm": tool("nvdisasm")}
+    if nvcc:
+        _rc, out, _err = _run([nvcc, "--version"], timeout=60)
+        match = _NVCC_RELEASE_RE.search(out)
+        toolkit["nvcc_release"], toolkit["nvcc_version"] = match.groups() if match else (None, _tail(out, 200))
+    return toolkit
+
+
+def _tool_env(toolkit):
+    # cuobjdump --dump-sass runs nvdisasm, which it looks for on PATH
+    env = dict(os.environ)
+    if toolkit.get("nvdisasm"):
+        env["PATH"] = os.path.dirname(toolkit["nvdisasm"]) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def parse_list_elf(text):
+    """cuobjdump --list-elf: 'ELF file    1: k.1.sm_120a.cubin' -> ['sm_120a'] (sorted, unique)."""
+    found = set()
+    for line in (text or "").splitlines():
+        match = _ELF_RE.search(line.strip())
+        if match:
+            found.add(match.group(1))
+    return sorted(found)
+
+
+def parse_sass(text):
+    """cuobjdump --dump-sass: the archs of its 'arch = sm_XX' headers, its functions and instructions."""
+    arches, functions, instructions = set(), 0, 0
+    for line in (text or "").splitlines():
+        match = _SASS_ARCH_RE.match(line)
+        if match:
+            arches.add(match.group(1))
+        elif line.strip().startswith("Function :"):
+            functions += 1
+        elif _SASS_INSN_RE.match(line):
+            instructions += 1
+    return {"arches": sorted(arches), "functions": functions, "instructions": instructions}
+
+
+def inspect_elf(toolkit, path, dump_sass):
+    """What cuobjdump finds in a file: its SASS ELF images (and, for small files, the disassembly's figures)."""
+    if not toolkit.get("cuobjdump"):
+        return None, {"skipped": "no cuobjdump in the toolkit or on PATH"}
+    env = _tool_env(toolkit)
+    rc, out, err = _run([toolkit["cuobjdump"], "--list-elf", path], timeout=120, env=env)
+    elf = parse_list_elf(out) if rc == 0 else []
+    if not dump_sass:
+        return elf, {"skipped": "not disassembled (large file)"}
+    if not toolkit.get("nvdisasm"):
+        return elf, {"skipped": "no nvdisasm: --dump-sass needs it"}
+    rc, out, err = _run([toolkit["cuobjdump"], "--dump-sass", path], timeout=120, env=env)
+    if rc != 0:
+        return elf, {"error": _tail(err, 400)}
+    return elf, parse_sass(out)
+
+
+def build_nvcc(toolkit, variants, workdir):
+    src = os.path.join(workdir, "gpufleet_axpy.cu")
+    with open(src, "w", encoding="utf-8") as handle:
+        handle.write(KERNEL_SOURCE)
+    out = {}
+    for variant in variants:
+        obj = os.path.join(workdir, f"gpufleet_axpy.{variant}.o")
+        arch = variant.replace("sm_", "compute_")
+        argv = [toolkit["nvcc"], "-c", f"-gencode=arch={arch},code={variant}", "-o", obj, src]
+        began = time.perf_counter()
+        rc, _out, err = _run(argv, timeout=300)
+        entry = {"gencode": argv[2], "rc": rc, "seconds": round(time.perf_counter() - began, 3)}
+        if rc != 0:
+            entry["error"] = _tail(err, 800)
+        else:
+            entry["bytes"] = os.path.getsize(obj)
+            entry["elf"], entry["sass"] = inspect_elf(toolkit, obj, dump_sass=True)
+        out[variant] = entry
+    return out
+
+
+def _ninja_error(exc):
+    text = str(exc)
+    errors = [line for line in text.splitlines() if "error" in line.lower()][:6]
+    return ("\n".join(errors) + "\n...\n" if errors else "") + _tail(text, 1200)
+
+
+def _ninja_gencodes(path):
+    """The -gencode flags flashinfer wrote into the module's build.ninja: what its nvcc was asked to emit."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    return sorted(set(re.findall(r"-gencode=arch=\S+", text)))
+
+
+def flashinfer_specs(fi, torch, backends):
+    """The JIT modules the smoke test's decode, prefill and batch-decode checks load, with the arguments flashinfer
+    itself passes for bf16, head_dim 128, no RoPE, no sliding window, no soft cap (decode.py, prefill.py)."""
+    bf16 = torch.bfloat16
+    specs = {"single_decode": fi.jit.gen_single_decode_module(bf16, bf16, bf16, 128, 128, 0, False, False)}
+    for backend in backends:
+        specs[f"single_prefill_{backend}"] = fi.jit.gen_single_prefill_module(
+            backend, bf16, bf16, bf16, 128, 128, 0, False, False, False
+        )
+    specs["batch_decode"] = fi.jit.gen_batch_decode_module(bf16, bf16, bf16, torch.int32, 128, 128, 0, False, False)
+    return specs
+
+
+def build_flashinfer(toolkit, backends):
+    torch = need("torch")
+    fi = need("flashinfer.jit", "flashinfer")
+    jit_env = fi.jit.env
+    out = {
+        "version": getattr(fi, "__version__", None),
+        "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST"),
+        "workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR),
+        "modules": {},
+    }
+    specs = flashinfer_specs(fi, torch, backends)
+    for name, spec in specs.items():
+        entry = {"uri": spec.name, "aot_available": bool(spec.is_aot)}
+        began = time.perf_counter()
+        try:
+            spec.build(verbose=False)
+        except Exception as exc:  # a module that does not build is the finding, not a crash
+            entry.update(built=False, error=_ninja_error(exc))
+        else:
+            lib = str(spec.jit_library_path)
+            entry.update(built=os.path.exists(lib), so_bytes=os.path.getsize(lib) if os.path.exists(lib) else None)
+            entry["gencode"] = _ninja_gencodes(spec.ninja_path)
+            entry["elf"], _ = inspect_elf(toolkit, lib, dump_sass=False) if entry["built"] else (None, None)
+        entry["seconds"] = round(time.perf_counter() - began, 2)
+        out["modules"][name] = entry
+    return out, fi, specs
+
+
+def run_built(fi, specs, index, workdir):
+    """Run the smoke test's flashinfer checks on this GPU with the modules just built: flashinfer loads a prebuilt
+    (jit-cache) module before its JIT one, so the prebuilt folder is pointed at an empty one for this process."""
+    torch = need("torch")
+    from pathlib import Path
+
+    fi.jit.env.FLASHINFER_AOT_DIR = Path(workdir) / "no-prebuilt"
+    before = set(os.listdir(fi.jit.env.FLASHINFER_JIT_DIR))
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    out = {"index": index, "uuid": f"GPU-{uuid}" if uuid is not None else None, "name": props.name}
+    for check in ("flashinfer_single_decode", "flashinfer_single_prefill", "flashinfer_batch_decode"):
+        began = time.perf_counter()
+        try:
+            got = GPU_TABLE[check](index=index, device_kind="cuda")
+            got.setdefault("status", "measured")
+        except Exception as exc:
+            got = {"status": "error", "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]}
+        got["seconds"] = round(time.perf_counter() - began, 3)
+        out[check] = got
+    built = {spec.name for spec in specs.values()}
+    out["extra_modules"] = sorted(set(os.listdir(fi.jit.env.FLASHINFER_JIT_DIR)) - before - built)
+    return out
+
+
+def check_build(target, variants, prefill_backends, workdir, run_index, **_):
+    os.makedirs(workdir, exist_ok=True)
+    toolkit = find_toolkit()
+    result = {"target": target, "toolkit": toolkit}
+    result["nvcc"] = build_nvcc(toolkit, variants, workdir) if toolkit["nvcc"] else {}
+    try:
+        result["flashinfer"], fi, specs = build_flashinfer(toolkit, prefill_backends)
+    except MissingPackage as exc:
+        result["flashinfer"] = {"status": "missing_package", "package": exc.package, "error": exc.detail}
+        return result
+    except Exception as exc:
+        result["flashinfer"] = {"error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]}
+        return result
+    if run_index is not None and run_index >= 0:
+        result["run"] = run_built(fi, specs, run_index, workdir)
+    return result
+
+
 # ------------------------------------------------------------------------------------------- all-reduce
 
 
@@ -475,7 +698,7 @@ def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters)
 
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["host", "gpu", "allreduce"])
+    parser.add_argument("mode", choices=["host", "gpu", "allreduce", "build"])
     parser.add_argument("--checks", default="")
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -486,6 +709,11 @@ def parse(argv):
     parser.add_argument("--backend", default="nccl")
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--target", default="")
+    parser.add_argument("--variants", default="")
+    parser.add_argument("--prefill-backends", default="fa2")
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--run-index", type=int, default=-1)
     return parser.parse_args(argv)
 
 
@@ -493,6 +721,19 @@ def main(argv=None):
     args = parse(argv if argv is not None else sys.argv[1:])
     if args.mode == "allreduce":
         allreduce(args.rank, args.world_size, args.init_file, args.backend, args.size_mb, args.device, args.iters)
+        return 0
+    if args.mode == "build":
+        # one check per target SM, named by the module (build_sm_120)
+        name = args.checks or f"build_{args.target}"
+        run_checks(
+            [name],
+            {name: check_build},
+            target=args.target,
+            variants=[v for v in args.variants.split(",") if v],
+            prefill_backends=[b for b in args.prefill_backends.split(",") if b],
+            workdir=args.workdir,
+            run_index=args.run_index,
+        )
         return 0
     table = GPU_TABLE if args.mode == "gpu" else HOST_TABLE
     names = [c for c in args.checks.split(",") if c] or list(table)

@@ -122,6 +122,28 @@ def refuse(module, dest, status):
     )
 
 
+ARCHIVE_KEYS = ("component", "version", "relative_path", "sha256", "size", "top_dir")
+
+
+def check_archives(module, archives):
+    """archives come from cuda_redist_fetch's plan; a hand-made or truncated list fails here, not with a KeyError."""
+    problems = []
+    for index, archive in enumerate(archives):
+        missing = [key for key in ARCHIVE_KEYS if key not in archive]
+        if missing:
+            problems.append(f"archives[{index}] ({archive.get('component', '?')}) lacks {', '.join(missing)}")
+        elif isinstance(archive["size"], bool) or not str(archive["size"]).isdigit():
+            problems.append(f"archives[{index}] ({archive['component']}) has size {archive['size']!r}")
+    if problems:
+        module.fail_json(
+            msg="; ".join(problems) + ". Pass the plan of gpufleet.upgrade.cuda_redist_fetch for this host's platform"
+            " unchanged. Nothing was installed",
+            kind="archives",
+        )
+    for archive in archives:
+        archive["size"] = int(archive["size"])
+
+
 def preflight(module, dest, archives):
     parent = os.path.dirname(dest)
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -149,7 +171,14 @@ def build(module, staging, archives):
             raise rd.RedistError(
                 f"archive {path} is missing on the host; run the role again to push it", kind="missing"
             )
-        rd.verify_file(path, archive["sha256"], archive["size"], label=path)
+        rd.verify_file(
+            path,
+            archive["sha256"],
+            archive["size"],
+            label=path,
+            component=archive["component"],
+            manifest=rd.manifest_name(module.params["release"]),
+        )
         rd.extract_archive(path, archive["top_dir"], staging)
 
 
@@ -221,6 +250,7 @@ def main():
     )
     p = module.params
     dest, release, archives = p["dest"].rstrip("/"), p["release"], p["archives"]
+    check_archives(module, archives)
     components = [a["component"] for a in archives]
     status = tk.target_status(dest, release, components)
     result = {"changed": False, "home": dest, "status_before": status["status"], "installed": []}

@@ -129,6 +129,7 @@ class Fetcher:
         self.module = module
         self.p = module.params
         self.base = self.p["base_url"].rstrip("/")
+        self.manifest_url = f"{self.base}/{rd.manifest_name(self.p['release'])}"
         self.bytes = 0
 
     def open(self, rel, what):
@@ -180,24 +181,26 @@ class Fetcher:
             kind="unknown_version",
         )
 
-    def read_manifest(self, path, rel):
-        if os.path.isfile(path):
-            with open(path, "rb") as handle:
-                raw = handle.read()
-            try:
-                return rd.parse_manifest(raw, path), False
-            except rd.RedistError:
-                pass  # a damaged cache entry is fetched again
+    def read_cached(self, path):
+        """The cached manifest, or None when absent or damaged (a damaged one is fetched again)."""
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as handle:
+            raw = handle.read()
+        try:
+            return rd.parse_manifest(raw, path)
+        except rd.RedistError:
+            return None
+
+    def fetch_manifest(self, rel):
+        """The mirror's manifest and its bytes; the caller caches them only once they are known to be usable."""
         response = self.open(rel, "manifest")
         try:
             raw = response.read()
         except http.client.IncompleteRead as exc:
             raise rd.RedistError(f"{self.base}/{rel} was cut short; run again", kind="truncated") from exc
         self.bytes += len(raw)
-        manifest = rd.parse_manifest(raw, f"{self.base}/{rel}")
-        if not self.module.check_mode:
-            write_atomic(path, raw)
-        return manifest, True
+        return rd.parse_manifest(raw, f"{self.base}/{rel}"), raw
 
     def download(self, archive, dest):
         rel = archive["relative_path"]
@@ -220,7 +223,14 @@ class Fetcher:
                     raise rd.RedistError(
                         f"{self.base}/{rel} returned an HTML page, not the archive; fix the redist mirror", kind="html"
                     )
-            rd.verify_file(part, archive["sha256"], archive["size"], label=f"{self.base}/{rel}")
+            rd.verify_file(
+                part,
+                archive["sha256"],
+                archive["size"],
+                label=f"{self.base}/{rel}",
+                component=archive["component"],
+                manifest=self.manifest_url,
+            )
             os.replace(part, dest)
         finally:
             if os.path.exists(part):
@@ -257,20 +267,43 @@ def host_platforms(hosts):
     return platforms
 
 
+def plan_for(manifest, platforms, p, label):
+    per_platform = {}
+    for platform in sorted(set(platforms.values())):
+        try:
+            per_platform[platform] = rd.select(manifest, p["components"], platform, label, release=p["release"])
+        except rd.RedistError as exc:
+            names = ", ".join(h for h, pl in platforms.items() if pl == platform)
+            raise rd.RedistError(f"host(s) {names} ({platform}): {exc}", kind=exc.kind) from exc
+    return per_platform
+
+
 def run(module):
     p = module.params
     fetcher = Fetcher(module)
     platforms = host_platforms(p["hosts"])
     rel = rd.manifest_name(p["release"])
     manifest_path = os.path.join(p["cache_dir"], rel)
-    manifest, fetched = fetcher.read_manifest(manifest_path, rel)
-    per_platform = {}
-    for platform in sorted(set(platforms.values())):
+    manifest, fetched = fetcher.read_cached(manifest_path), False
+    per_platform, cached_error = None, None
+    if manifest is not None:
         try:
-            per_platform[platform] = rd.select(manifest, p["components"], platform, f"{fetcher.base}/{rel}")
+            per_platform = plan_for(manifest, platforms, p, manifest_path)
         except rd.RedistError as exc:
-            names = ", ".join(h for h, pl in platforms.items() if pl == platform)
-            raise rd.RedistError(f"host(s) {names} ({platform}): {exc}", kind=exc.kind) from exc
+            # The mirror's copy may have been fixed since it was cached: read it again.
+            manifest, cached_error = None, exc
+    if manifest is None:
+        try:
+            manifest, raw = fetcher.fetch_manifest(rel)
+        except rd.RedistError:
+            if cached_error:  # the mirror cannot be read now: the cached copy's problem is the one to fix
+                raise cached_error from None
+            raise
+        fetched = True
+        # Planned before caching, so a manifest with a bad entry is never kept (nothing is written on error).
+        per_platform = plan_for(manifest, platforms, p, fetcher.manifest_url)
+        if not module.check_mode:
+            write_atomic(manifest_path, raw)
     downloaded = [rel] if fetched else []
     if p["download"]:
         for archive in rd.unique_archives(per_platform):

@@ -19,10 +19,22 @@ description:
     C(capability_probes) (sm90a/sm100a/sm120a/sm12x support, fp8/fp4 GEMM backends, reported not judged);
     C(peer_access); C(symmetric_memory) (reported); C(nccl_allreduce) across all GPUs (one process per GPU)
     with the right sum and its bus bandwidth."
+  - "C(build_targets): the build check for the fleet's SMs, O(target_sms) plus the SMs of this host's GPUs. For each
+    target SM, in a worker of its own: the toolkit's nvcc (the one flashinfer's JIT uses: C(CUDA_HOME), C(CUDA_PATH),
+    C(nvcc) on C(PATH)) compiles a small kernel for C(sm_XX) and, from SM 9.0 on, C(sm_XXa); C(cuobjdump) lists
+    the SASS in each (and disassembles it where C(nvdisasm) is there); flashinfer's JIT builds the decode, prefill
+    (per backend, see O(per_sm)) and batch-decode modules the kernel checks use, for the arch flashinfer itself picks
+    for that SM (C(12.0a)), into a scratch workspace under the module's temporary folder, and C(cuobjdump) lists
+    their SASS; C(torch.cuda.get_arch_list()) must hold C(sm_XX). A target with a GPU here also runs the freshly
+    built flashinfer kernels on it against torch SDPA; the others are compiled and inspected, not run, and the
+    result says so. The check fails, naming the target, for any target the stack cannot build for
+    (RV(host_checks.build_targets.cannot_build))."
   - "Tolerances: C(bf16_matmul) relative Frobenius error <= O(tolerances.matmul_rel_err) (default 0.01) and cosine >=
     O(tolerances.min_cosine) (default 0.999); attention checks max abs error <= O(tolerances.attention_atol)
     (default 0.02), relative error <= O(tolerances.attention_rel_err) (default 0.01) (bf16 inputs and outputs
     against an fp32 reference) and the same cosine."
+  - O(per_sm) holds the profile's settings per SM (C(postcheck.smoke.per_sm)); a GPU of that SM is judged with
+    them (tolerances, expected capability probes) and the build check uses its prefill backends.
   - A check that cannot run because a package is missing fails when the package is in O(required_packages)
     and is reported skipped with the reason otherwise.
   - Every environment the module builds keeps NVLink multicast off (C(NCCL_NVLS_ENABLE=0),
@@ -62,7 +74,7 @@ options:
     elements: str
     choices: [torch_cuda_version, arch_in_list, bf16_matmul, flashinfer_single_decode, flashinfer_single_prefill,
               flashinfer_batch_decode, flashinfer_versions, capability_probes, peer_access, symmetric_memory,
-              nccl_allreduce]
+              nccl_allreduce, build_targets]
   gpus:
     description: Indices (PCI bus order, as NVML) of the GPUs to test; all by default. The all-reduce always spans all.
     type: list
@@ -88,6 +100,55 @@ options:
         description: Smallest cosine similarity between a kernel's output and its reference.
         type: float
         default: 0.999
+  target_sms:
+    description:
+      - SMs the stack must build kernels for, as C(major.minor) (the profile's C(gpu.target_sms), for example
+        C(["9.0", "12.0"])); the SMs of this host's GPUs are always added. Used by the check C(build_targets).
+    type: list
+    elements: str
+    default: []
+  build_timeout_s:
+    description: Time limit of the build check of one target SM (flashinfer compiles several modules), in seconds.
+    type: int
+    default: 900
+  per_sm:
+    description:
+      - Settings for GPUs of one SM (the profile's C(postcheck.smoke.per_sm)); an SM not listed takes O(tolerances)
+        and the built-in prefill backends.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      sm:
+        description: The SM, as C(major.minor).
+        type: str
+        required: true
+      matmul_rel_err:
+        description: Replaces O(tolerances.matmul_rel_err) on this SM.
+        type: float
+      attention_atol:
+        description: Replaces O(tolerances.attention_atol) on this SM.
+        type: float
+      attention_rel_err:
+        description: Replaces O(tolerances.attention_rel_err) on this SM.
+        type: float
+      min_cosine:
+        description: Replaces O(tolerances.min_cosine) on this SM.
+        type: float
+      prefill_backends:
+        description:
+          - flashinfer single-prefill backends the build check builds for this SM; C(fa3) exists for SM 9.x only.
+          - Default C([fa2, fa3]) on SM 9.x, C([fa2]) elsewhere (what flashinfer 0.6 picks).
+        type: list
+        elements: str
+        choices: [fa2, fa3]
+      expected_probes:
+        description:
+          - flashinfer capability probes (C(capability_probes)) that must read true on a GPU of this SM, for example
+            C(is_sm90a_supported); empty means the probes are reported only.
+        type: list
+        elements: str
+        default: []
   matmul_size:
     description: Edge of the square bf16 product (also timed, giving TFLOP/s).
     type: int
@@ -125,8 +186,8 @@ attributes:
   check_mode:
     support: partial
     description: Can run in check mode and report what it would do without running anything on the GPUs.
-    details: In check mode the module runs no kernel (they would compete with the serving process) and
-      returns C(status=skipped).
+    details: In check mode the module runs no kernel and compiles nothing (they would compete with the serving
+      process) and returns C(status=skipped).
   diff_mode:
     support: none
     description: The smoke test changes nothing on the host, so there is no diff.
@@ -139,10 +200,20 @@ EXAMPLES = r"""
     expected_cuda: "{{ gpufleet_stack.cuda.version }}"
     required_packages: "{{ gpufleet_stack.postcheck.smoke.required_packages }}"
     timeout_s: "{{ gpufleet_stack.postcheck.smoke.timeout_s }}"
+    target_sms: "{{ gpufleet_stack.gpu.target_sms }}"
+    per_sm: "{{ gpufleet_stack.postcheck.smoke.per_sm }}"
     env:
       CUDA_HOME: /usr/local/cuda-13.0
     fail_on_failure: false
   register: __postcheck_smoke
+
+- name: Prove that the CUDA 13.0 toolkit and flashinfer build for Hopper and Blackwell, on whatever GPU is here
+  gpufleet.upgrade.gpu_smoke_test:
+    checks: [torch_cuda_version, arch_in_list, build_targets]
+    expected_cuda: "13.0"
+    target_sms: ["9.0", "12.0"]
+    env:
+      CUDA_HOME: /usr/local/cuda-13.0
 
 - name: Exercise the multi-process all-reduce on the CPU (gloo)
   gpufleet.upgrade.gpu_smoke_test:
@@ -180,10 +251,19 @@ torch:
   returned: when torch could be imported
   type: dict
 host_checks:
-  description: Host-wide checks (torch_cuda_version, flashinfer_versions, peer_access, symmetric_memory), each with
-    C(status) (passed, failed, skipped, info), C(message) and the raw measurements.
+  description: Host-wide checks (torch_cuda_version, flashinfer_versions, peer_access, symmetric_memory,
+    build_targets), each with C(status) (passed, failed, skipped, info), C(message) and the raw measurements.
   returned: always
   type: dict
+  contains:
+    build_targets:
+      description:
+        - C(targets) (SM -> C(status), C(message), C(built) (nvcc variants, flashinfer modules and their arch),
+          C(inspected) (what cuobjdump found SASS in), C(ran) (kernels run on this host's GPU), C(run_on),
+          C(not_run_reason), C(raw)); C(cannot_build) (the SMs the stack cannot build for); C(run_on_host) (the
+          targets that have a GPU here).
+      returned: when the check ran
+      type: dict
 gpus:
   description: Per GPU C(index), C(uuid), C(name), C(sm), C(wall_s) and C(checks) (name -> status, message, raw
     measurements with C(seconds)).
@@ -222,6 +302,19 @@ ARGUMENT_SPEC = {
     "timeout_s": {"type": "int", "default": 300},
     "checks": {"type": "list", "elements": "str", "choices": list(_smoke.ALL_CHECKS)},
     "gpus": {"type": "list", "elements": "int"},
+    "target_sms": {"type": "list", "elements": "str", "default": []},
+    "build_timeout_s": {"type": "int", "default": 900},
+    "per_sm": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {
+            "sm": {"type": "str", "required": True},
+            **{key: {"type": "float"} for key in _smoke.TOLERANCE_KEYS},
+            "prefill_backends": {"type": "list", "elements": "str", "choices": ["fa2", "fa3"]},
+            "expected_probes": {"type": "list", "elements": "str", "default": []},
+        },
+    },
     "tolerances": {
         "type": "dict",
         "default": {},
@@ -298,6 +391,33 @@ class SmokeTest:
                 raw[name] = {"status": "skipped", "reason": "cpu run: flashinfer kernels need a GPU"}
         return raw, round(time.monotonic() - began, 2)
 
+    def run_build(self, plan, workdir):
+        """One worker per target SM, one after the other: each compiles with all the host's cores."""
+        results = {}
+        for target in plan:
+            workspace = os.path.join(workdir, target["check"])
+            argv = self.worker_argv(
+                "build",
+                "--target",
+                target["sm"],
+                "--variants",
+                ",".join(target["variants"]),
+                "--prefill-backends",
+                ",".join(target["prefill_backends"]),
+                "--workdir",
+                workspace,
+                "--run-index",
+                str(-1 if target["run_index"] is None else target["run_index"]),
+            )
+            env = _smoke.target_env(self.env, target, workspace)
+            results.update(_smoke.run_stream(argv, env, [target["check"]], self.p["build_timeout_s"]))
+        return results
+
+    def gpu_params(self, device):
+        """Judging parameters for one GPU: the profile's per-SM tolerances win for its SM."""
+        sm = _smoke.sm_key(device.get("sm"))
+        return dict(self.judge_params, tolerances=_smoke.tolerances_for(self.p["tolerances"], self.p["per_sm"], sm))
+
     def run_allreduce(self, world_size):
         backend = "gloo" if self.p["device"] == "cpu" else "nccl"
         argv = self.worker_argv("allreduce", "--size-mb", str(self.p["allreduce_size_mb"]))
@@ -321,6 +441,27 @@ def host_outcomes(test, host_raw, devices):
         raw = host_raw.get("symmetric_memory", {})
         out["symmetric_memory"] = _smoke.outcome("info", "", raw=raw)
     return out
+
+
+def judge_gpu_check(test, name, raw, device):
+    params = test.gpu_params(device)
+    if name == "capability_probes" and raw.get("status") not in ("timeout", "not_run", "error", "missing_package"):
+        entry = _smoke.per_sm_settings(test.p["per_sm"], _smoke.sm_key(device.get("sm")))
+        return _smoke.judge_probes(raw, device, entry.get("expected_probes"))
+    return _smoke.judge_kernel(name, raw, device, params)
+
+
+def build_outcome(module, test, devices, torch_env):
+    if test.p["device"] != "cuda":
+        return _smoke.outcome("skipped", "cpu run: the build check compiles for GPUs and runs on one")
+    try:
+        plan = _smoke.build_plan(test.p["target_sms"], devices, test.p["per_sm"])
+    except ValueError as exc:
+        module.fail_json(msg=f"{socket.gethostname()}: target_sms: {exc}; fix: give SMs as major.minor, e.g. 12.0")
+    results = test.run_build(plan, os.path.join(module.tmpdir, "gpufleet-build"))
+    params = dict(test.judge_params)
+    arch_list = torch_env.get("arch_list", [])
+    return _smoke.judge_build(results, plan, arch_list, test.p["expected_cuda"], params, test.p["per_sm"])
 
 
 def cpu_devices(count):
@@ -363,12 +504,14 @@ def run(module):
     gpus = []
     for device in selected:
         raw, wall = gpu_raw[device["index"]]
-        checks = {name: _smoke.judge_kernel(name, r, device, test.judge_params) for name, r in raw.items()}
+        checks = {name: judge_gpu_check(test, name, r, device) for name, r in raw.items()}
         if "arch_in_list" in test.wanted and p["device"] == "cuda":
             checks["arch_in_list"] = _smoke.judge_arch(device, torch_env.get("arch_list", []))
         gpus.append(dict(device, wall_s=wall, checks=checks))
     allreduce = test.run_allreduce(len(devices)) if "nccl_allreduce" in test.wanted else None
     host_checks = host_outcomes(test, host_raw, devices)
+    if _smoke.BUILD_CHECK in test.wanted:
+        host_checks[_smoke.BUILD_CHECK] = build_outcome(module, test, devices, torch_env)
     summary = _smoke.summarize(host_checks, gpus, allreduce)
     result = dict(
         changed=False,

@@ -70,6 +70,29 @@ options:
   expected_gpu_count:
     description: Number of GPUs the host must show; a different count makes the host unhealthy.
     type: int
+  gates:
+    description:
+      - The preflight's GPU gates, judged on the facts read (module_utils C(_gates.judge_gpu_gates)) and returned as
+        RV(gates). Each minimum left out is not gated. Health (O(thresholds)) is judged as ever, separately.
+      - When NVML cannot be used and O(gpu_required=true), the module fails and RV(gates) holds that one failure.
+    type: dict
+    suboptions:
+      min_driver_version:
+        description: Lowest NVIDIA driver version (the profile's C(driver.min_version)), compared number by number.
+        type: str
+      min_cuda_driver_version:
+        description: Lowest CUDA version the driver must support (the profile's C(driver.min_cuda)).
+        type: str
+      min_compute_capability:
+        description: Lowest SM of every GPU (the profile's C(gpu.min_compute_capability)).
+        type: str
+      profile:
+        description: Name of the profile the minimums come from, for the messages.
+        type: str
+      host:
+        description: Name of the host in the messages (the preflight passes C(inventory_hostname)); the host's own
+          name by default.
+        type: str
 attributes:
   check_mode:
     support: full
@@ -88,6 +111,16 @@ EXAMPLES = r"""
     thresholds: "{{ gpufleet_stack.postcheck.health }}"
     gpu_required: "{{ gpufleet_gpu_required | default(gpufleet_stack.gpu.required) }}"
   register: __postcheck_nvml
+
+- name: Judge the preflight's GPU gates against the profile's minimums
+  gpufleet.upgrade.nvml_info:
+    gates:
+      host: "{{ inventory_hostname }}"
+      profile: "{{ gpufleet_stack.name }}"
+      min_driver_version: "{{ gpufleet_stack.driver.min_version }}"
+      min_cuda_driver_version: "{{ gpufleet_stack.driver.min_cuda }}"
+      min_compute_capability: "{{ gpufleet_stack.gpu.min_compute_capability }}"
+  register: __preflight_nvml
 
 - name: Show the reasons a GPU is unhealthy
   ansible.builtin.debug:
@@ -134,6 +167,21 @@ gpu_count:
   description: Number of GPUs NVML sees.
   returned: always
   type: int
+gates:
+  description:
+    - Verdict of the GPU gates (O(gates)) - C(passed), C(failures) (one sentence each naming the host, the value seen,
+      the minimum and the fix), C(report) (C(ok, driver ..., CUDA ..., N GPU(s)) or C(failed)) and C(gates) (per gate
+      the value seen, the minimum and whether it passed).
+  returned: when O(gates) is given
+  type: dict
+  sample:
+    passed: false
+    failures:
+      - "gpu-07: NVIDIA driver 580.159.04 is below 590.48.01, the minimum of profile cu131 (driver.min_version); fix:
+        upgrade the driver to 590.48.01 or newer first (CUDA 13 needs 580 or newer)"
+    report: failed
+    gates:
+      driver: {seen: 580.159.04, minimum: 590.48.01, passed: false}
 gpus:
   description: Per GPU facts with C(healthy), C(reasons) and C(notes). A field the GPU does not support reads
     C(not supported).
@@ -167,7 +215,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gates, _nvml
 
 THRESHOLD_SPEC = {
     "max_uncorrectable_ecc": {"type": "int", "default": 0},
@@ -187,6 +235,16 @@ ARGUMENT_SPEC = {
     "thresholds": {"type": "dict", "default": {}, "options": THRESHOLD_SPEC},
     "gpu_required": {"type": "bool", "default": True},
     "expected_gpu_count": {"type": "int"},
+    "gates": {
+        "type": "dict",
+        "options": {
+            "min_driver_version": {"type": "str"},
+            "min_cuda_driver_version": {"type": "str"},
+            "min_compute_capability": {"type": "str"},
+            "profile": {"type": "str"},
+            "host": {"type": "str"},
+        },
+    },
 }
 
 
@@ -209,17 +267,20 @@ def skipped(reason):
 
 def run(module, nvml_loader=_nvml.load_pynvml):
     params = module.params
-    host = socket.gethostname()
+    gates = params["gates"]
+    host = (gates or {}).get("host") or socket.gethostname()
     try:
         nvml = nvml_loader()
         _nvml.init(nvml)
     except _nvml.NvmlUnavailable as exc:
         if not params["gpu_required"]:
             return skipped(str(exc))
+        extra = {"gates": _gates.nvml_unusable(str(exc), host)} if gates is not None else {}
         module.fail_json(
             msg=f"{host}: NVML is not available: {exc}. Install the NVIDIA driver (and nvidia-ml-py for the Python"
             " that runs Ansible modules), or set gpufleet_gpu_required=false for hosts that have no GPU.",
             status="failed",
+            **extra,
         )
     try:
         facts = _nvml.collect(nvml)
@@ -234,7 +295,7 @@ def run(module, nvml_loader=_nvml.load_pynvml):
     if facts["gpu_count"] == 0:
         verdict["reasons"].insert(0, "NVML sees no GPU but one is required (gpufleet_gpu_required)")
         verdict["healthy"] = False
-    return {
+    result = {
         "changed": False,
         "status": "healthy" if verdict["healthy"] else "unhealthy",
         "healthy": verdict["healthy"],
@@ -246,6 +307,9 @@ def run(module, nvml_loader=_nvml.load_pynvml):
         "gpu_count": facts["gpu_count"],
         "gpus": verdict["gpus"],
     }
+    if gates is not None:
+        result["gates"] = _gates.judge_gpu_gates(facts, gates, host)
+    return result
 
 
 def main():

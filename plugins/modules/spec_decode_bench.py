@@ -13,7 +13,7 @@ description:
     every time (temperature 0, C(ignore_eos), streamed), after O(warmup) warm-up requests, O(repeats) times at
     each level of O(concurrency).
   - Reports per run and per concurrency level output tokens/s, request throughput, accept length (per request
-    from C(meta_info.spec_verify_ct) and the server average from C(/get_server_info)), TTFT, inter-token latency,
+    from C(meta_info.spec_verify_ct) and the server average from C(/server_info)), TTFT, inter-token latency,
     time per output token and end-to-end latency (mean, p50, p95, p99, max, in ms), the coefficient of variation
     of throughput across repeats, and every error seen.
   - Gates. C(errors) fails when more than O(max_error_rate) of the requests failed. C(regression) compares with a
@@ -25,7 +25,7 @@ description:
   - Uses SGLang's native C(POST /generate) (O(api=generate), the default, the only API that returns
     C(spec_verify_ct) per request) or the OpenAI-compatible C(POST /v1/completions) (O(api=completions)), both
     with C(stream=true) so TTFT and inter-token latency are measured on the host, plus C(GET /health) and
-    C(GET /get_server_info).
+    C(GET /server_info) (C(GET /get_server_info) on servers older than SGLang 0.5.9).
 version_added: 0.1.0
 options:
   server_url:
@@ -172,7 +172,7 @@ bench:
       description: Whether the server runs speculative decoding (C(speculative_algorithm) set).
       type: bool
     server:
-      description: Version, model, speculative settings and C(avg_spec_accept_length) from /get_server_info.
+      description: Version, model, speculative settings and C(avg_spec_accept_length) from /server_info.
       type: dict
     output_tok_s:
       description: Output tok/s at the lowest concurrency level (mean over repeats).
@@ -303,22 +303,6 @@ def load_result_file(path, what, missing_ok):
         raise BenchAbort(f"{what} {path} on {socket.gethostname()} is unreadable: {exc}") from exc
 
 
-def server_summary(info):
-    internal = (info.get("internal_states") or [{}])[0] or {}
-    return {
-        "version": info.get("version"),
-        "model_path": info.get("model_path"),
-        "served_model_name": info.get("served_model_name"),
-        "speculative_algorithm": info.get("speculative_algorithm"),
-        "speculative_draft_model_path": info.get("speculative_draft_model_path"),
-        "speculative_num_steps": info.get("speculative_num_steps"),
-        "speculative_eagle_topk": info.get("speculative_eagle_topk"),
-        "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens"),
-        "avg_spec_accept_length": internal.get("avg_spec_accept_length"),
-        "lab": info.get("gpufleet_lab"),
-    }
-
-
 class Bench:
     """One benchmark of one server: health, server info, warm-up, runs per level."""
 
@@ -330,7 +314,7 @@ class Bench:
 
     def server_info(self):
         try:
-            return self.client.get_json("/get_server_info")
+            return self.client.server_info()
         except ServerError as exc:
             raise BenchAbort(f"cannot read the server's info: {exc}") from exc
 
@@ -383,7 +367,7 @@ class Bench:
             "api": self.params["api"],
             "prompt_set": _bench.prompt_set_info(self.prompt_set),
             "speculative": bool(after.get("speculative_algorithm")),
-            "server": server_summary(after),
+            "server": _bench.server_summary(after),
             "output_tok_s": _bench.headline(levels),
             "accept_length": lowest["accept_length"],
             "warmup": {"requests": len(warm), "failed": len(warm_failed), "errors": warm_failed},

@@ -257,3 +257,19 @@ def test_extract_result_accepts_the_module_return_or_bench():
     assert b.extract_result(bench) is bench
     with pytest.raises(ValueError, match="levels"):
         b.extract_result({"output_tok_s": 3})
+
+
+def test_server_summary_keeps_server_args_version_and_the_average_accept_length():
+    info = {
+        "version": "0.5.9",
+        "model_path": "/m",
+        "served_model_name": "llama",
+        "speculative_algorithm": "EAGLE3",
+        "speculative_num_steps": 3,
+        "internal_states": [{"avg_spec_accept_length": 2.9, "last_gen_throughput": 90.0}],
+        "tp_size": 8,
+    }
+    summary = b.server_summary(info)
+    assert summary["avg_spec_accept_length"] == 2.9 and summary["speculative_num_steps"] == 3
+    assert summary["speculative_draft_model_path"] is None and summary["lab"] is None and "tp_size" not in summary
+    assert b.server_summary({"internal_states": []})["avg_spec_accept_length"] is None

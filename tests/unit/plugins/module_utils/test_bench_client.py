@@ -15,9 +15,9 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client im
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "lab" / "wheels" / "lab-sglang" / "src"))
 
-from lab_sglang.server import Config, make_server
+from lab_sglang.server import Config, make_server, spec_metrics
 from lab_sglang.stack import Rates
-from lab_sglang.timing import build_schedule, step_sizes
+from lab_sglang.timing import Schedule, build_schedule, step_sizes
 
 FAST = Rates("test", nospec_tok_s=400.0, spec_tok_s=800.0, accept_length=3.0)
 
@@ -101,6 +101,47 @@ def test_server_info_reports_the_average_accept_length(serve):
     assert info["speculative_algorithm"] == "EAGLE3"
 
 
+@pytest.mark.parametrize("new_path", [True, False])
+def test_server_info_prefers_the_new_path_and_falls_back_to_the_old(serve, monkeypatch, new_path):
+    """SGLang 0.5.9 serves /server_info (and deprecates /get_server_info); 0.5.3 only /get_server_info."""
+    _server, url = serve(server_info_path=new_path)
+    asked = []
+    original = Client.get_json
+
+    def record(self, path):
+        asked.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(Client, "get_json", record)
+    assert Client(url, timeout=5).server_info()["speculative_algorithm"] == "EAGLE3"
+    assert asked == (["/server_info"] if new_path else ["/server_info", "/get_server_info"])
+
+
+def test_server_info_other_failures_are_not_hidden_by_the_fallback(serve):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    with pytest.raises(ServerError, match=r"cannot reach http://127.0.0.1:\d+/server_info"):
+        Client(f"http://127.0.0.1:{closed}", timeout=2).server_info()
+
+
+def test_final_meta_info_carries_sglangs_speculative_fields(serve):
+    _server, url = serve(speculative_num_draft_tokens=16)
+    body = {"text": "hello there", "sampling_params": {"max_new_tokens": 16}}
+    request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        meta = json.loads(resp.read())["meta_info"]
+    assert meta["spec_verify_ct"] == 6 and meta["spec_accept_length"] == pytest.approx(16 / 6)
+    assert meta["spec_accept_token_num"] == 10 and meta["spec_draft_token_num"] == 6 * 15
+    assert meta["spec_accept_histogram"] == [1, 0, 5] and meta["total_retractions"] == 0
+
+
+def test_spec_metrics_without_draft_tokens_to_accept_give_only_the_histogram():
+    schedule = Schedule(chunks=(1, 1), offsets=(0.1, 0.2), verify_ct=2)
+    assert spec_metrics(schedule, 1) == {"spec_accept_histogram": [2]}
+    assert spec_metrics(Schedule(chunks=(), offsets=(), verify_ct=0), 16) == {}
+
+
 def test_without_speculation_there_is_no_verify_count(serve):
     _server, url = serve(speculative_algorithm=None, speculative_draft_model_path=None)
     r = Client(url, timeout=5).generate("x", 8)
@@ -158,7 +199,7 @@ def test_malformed_server_info_is_a_server_error(serve):
 
 
 def test_stand_in_chat_completions_stream_deltas(serve):
-    """The optional chat endpoint: OpenAI chunk objects with delta role/content, then [DONE]."""
+    """The optional chat endpoint, as SGLang streams it: a role chunk, content deltas, a finish chunk, [DONE]."""
     _server, url = serve()
     body = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "stream": True}
     request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST")
@@ -168,5 +209,7 @@ def test_stand_in_chat_completions_stream_deltas(serve):
     events = [json.loads(line[6:]) for line in lines[:-1]]
     assert events[0]["object"] == "chat.completion.chunk"
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert len("".join(e["choices"][0]["delta"]["content"] for e in events).split()) == 7
-    assert [e["choices"][0]["finish_reason"] for e in events][-1] == "length"
+    assert events[0]["choices"][0]["delta"]["content"] == ""
+    assert len("".join(e["choices"][0]["delta"]["content"] or "" for e in events).split()) == 7
+    assert [e["choices"][0]["finish_reason"] for e in events] == [None] * (len(events) - 1) + ["length"]
+    assert events[-1]["choices"][0]["delta"]["content"] is None

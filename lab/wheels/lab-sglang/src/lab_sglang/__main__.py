@@ -17,7 +17,7 @@ import sys
 
 from lab_sglang import __version__
 from lab_sglang.server import FAULTS, Config, make_server
-from lab_sglang.stack import resolve_rates
+from lab_sglang.stack import NEW_SGLANG, resolve_rates, version_tuple
 
 LOG = logging.getLogger("lab_sglang")
 
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         slow_s=args.lab_slow_s,
         context_length=args.context_length,
         ignored_args=unknown,
+        # 0.0.0 is a source tree, not a build of an old version: answer as the newest does.
+        server_info_path=__version__ == "0.0.0" or version_tuple(__version__) >= NEW_SGLANG,
     )
     try:
         server = make_server(config)

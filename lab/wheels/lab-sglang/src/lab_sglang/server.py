@@ -70,6 +70,8 @@ class Config:
     slow_s: float = 30.0
     context_length: int = 8192
     ignored_args: list[str] = dataclasses.field(default_factory=list)
+    # SGLang 0.5.9 added /server_info (and deprecated /get_server_info); 0.5.3 answers only /get_server_info.
+    server_info_path: bool = True
 
     @property
     def speculative(self) -> bool:
@@ -78,6 +80,11 @@ class Config:
     @property
     def rate_tok_s(self) -> float:
         return self.rates.spec_tok_s if self.speculative else self.rates.nospec_tok_s
+
+    @property
+    def draft_tokens(self) -> int:
+        """Draft tokens per verify step; when unset, SGLang's auto choice for most models (steps 3, topk 1, 4)."""
+        return self.speculative_num_draft_tokens or 4
 
 
 class State:
@@ -221,7 +228,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/health_generate"):
             self._send_empty(HTTPStatus.OK if self.state.ready() else HTTPStatus.SERVICE_UNAVAILABLE)
-        elif path in ("/get_server_info", "/server_info"):
+        elif path == "/get_server_info" or (path == "/server_info" and self.state.config.server_info_path):
             self._send_json(HTTPStatus.OK, self.server_info())
         elif path in ("/get_model_info", "/model_info"):
             cfg = self.state.config
@@ -241,6 +248,7 @@ class Handler(BaseHTTPRequestHandler):
                             "created": int(self.state.started_wall),
                             "owned_by": "sglang",
                             "root": cfg.served_model_name,
+                            "parent": None,
                             "max_model_len": cfg.context_length,
                         }
                     ],
@@ -279,7 +287,7 @@ class Handler(BaseHTTPRequestHandler):
         cfg = self.state.config
         internal: dict = {
             "last_gen_throughput": self.state.last_gen_throughput,
-            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": cfg.context_length},
+            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": cfg.context_length, "graph": 0.0},
         }
         with self.state.lock:
             if cfg.speculative and self.state.cum_verify > 0:
@@ -433,19 +441,21 @@ class Handler(BaseHTTPRequestHandler):
         finished: bool,
         elapsed: float | None = None,
     ) -> dict:
+        """meta_info as SGLang 0.5.9's TokenizerManager._handle_batch_output builds it (metrics off)."""
         meta = {
             "id": rid,
             "finish_reason": None,
             "prompt_tokens": prompt_tokens,
             "weight_version": "default",
+            "total_retractions": 0,
             "completion_tokens": tokens,
             "cached_tokens": 0,
         }
         if finished and schedule is not None:
             meta["finish_reason"] = {"type": "length", "length": schedule.completion_tokens}
-            if self.state.config.speculative:
-                meta["spec_verify_ct"] = schedule.verify_ct
             meta["e2e_latency"] = schedule.e2e_latency if elapsed is None else elapsed
+            if self.state.config.speculative:
+                meta.update(spec_metrics(schedule, self.state.config.draft_tokens))
         return meta
 
     def generate(self, body: dict) -> None:
@@ -508,77 +518,99 @@ class Handler(BaseHTTPRequestHandler):
         self._openai(body, prompt, chat=True)
 
     def _openai(self, body: dict, prompt: str, chat: bool) -> None:
+        """The OpenAI endpoints, chunk for chunk as SGLang 0.5.9's serving_completions.py / serving_chat.py send them.
+
+        Completions: one chunk per step, the last one carrying finish_reason, then (include_usage) a usage chunk
+        serialised without None fields. Chat: a first chunk with role "assistant" and content "", one chunk per
+        step, a chunk with an empty delta carrying finish_reason, then (include_usage) a usage chunk.
+        """
         cfg = self.state.config
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        rid = uuid.uuid4().hex
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        def usage(prompt_tokens, n):
+        def chunk(choices, usage=None):
             return {
-                "prompt_tokens": prompt_tokens,
-                "total_tokens": prompt_tokens + n,
-                "completion_tokens": n,
-                "prompt_tokens_details": None,
+                "id": rid,
+                "object": obj + (".chunk" if chat else ""),
+                "created": created,
+                "model": cfg.served_model_name,
+                "choices": choices,
+                "usage": usage,
             }
+
+        def chat_choice(delta, reason=None):
+            delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None, **delta}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason, "matched_stop": None}
 
         def emit(seed, done, size, index, last, prompt_tokens, schedule, _elapsed):
             piece = make_text(seed, done, size)
-            reason = "length" if last else None
-            if chat:
-                delta = {"role": "assistant", "content": piece} if index == 0 else {"content": piece}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason, "matched_stop": None}
-            else:
+            if not chat:
+                reason = "length" if last else None
                 choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason, "matched_stop": None}
-            self._event(
-                {
-                    "id": rid,
-                    "object": obj + (".chunk" if chat else ""),
-                    "created": created,
-                    "model": cfg.served_model_name,
-                    "choices": [choice],
-                    "usage": None,
-                }
-            )
+                self._event(chunk([choice]))
+                return
+            if index == 0:
+                self._event(chunk([chat_choice({"role": "assistant", "content": ""})]))
+            self._event(chunk([chat_choice({"content": piece})]))
 
         def finish(prompt_tokens, schedule):
             n = schedule.completion_tokens
             if body.get("stream"):
+                if chat:
+                    self._event(chunk([chat_choice({}, "length")]))
                 if include_usage:
-                    self._event(
-                        {
-                            "id": rid,
-                            "object": obj + (".chunk" if chat else ""),
-                            "created": created,
-                            "model": cfg.served_model_name,
-                            "choices": [],
-                            "usage": usage(prompt_tokens, n),
-                        }
-                    )
+                    final = chunk([], openai_usage(prompt_tokens, n, drop_none=not chat))
+                    self._event(final if chat else {k: v for k, v in final.items() if v is not None})
                 return None
             seed = sum(prompt.encode()) % len(WORDS)
             text = make_text(seed, 0, n)
             if chat:
-                choice = {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": "length",
-                    "matched_stop": None,
-                }
+                message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "matched_stop": None}
-            return {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": cfg.served_model_name,
-                "choices": [choice],
-                "usage": usage(prompt_tokens, n),
-            }
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            choice["matched_stop"] = None
+            return {**chunk([choice], openai_usage(prompt_tokens, n)), "object": obj, "metadata": None}
 
         self._run(prompt, max_tokens, emit, finish, bool(body.get("stream")))
+
+
+def openai_usage(prompt_tokens: int, completion_tokens: int, drop_none: bool = False) -> dict:
+    """SGLang's UsageInfo (protocol.py); a completions stream's usage chunk is dumped with exclude_none."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }
+    return {k: v for k, v in usage.items() if v is not None} if drop_none else usage
+
+
+def spec_metrics(schedule: Schedule, draft_tokens: int) -> dict:
+    """The speculative fields of a finished request's meta_info, as SGLang 0.5.9 computes them
+    (TokenizerManager._calculate_spec_decoding_metrics): a verify step that yields k tokens accepted k - 1 drafts.
+    When a step has no draft token to accept (draft tokens <= 1) SGLang gives only the histogram."""
+    if schedule.verify_ct <= 0:
+        return {}
+    guesses = draft_tokens - 1
+    accepted = [size - 1 for size in schedule.chunks]
+    histogram = [0] * (max(accepted) + 1)
+    for count in accepted:
+        histogram[count] += 1
+    if guesses <= 0:
+        return {"spec_accept_histogram": histogram}
+    return {
+        "spec_accept_rate": sum(accepted) / (schedule.verify_ct * guesses),
+        "spec_accept_length": schedule.completion_tokens / schedule.verify_ct,
+        "spec_accept_token_num": sum(accepted),
+        "spec_draft_token_num": schedule.verify_ct * guesses,
+        "spec_verify_ct": schedule.verify_ct,
+        "spec_accept_histogram": histogram,
+    }
 
 
 def _sleep_until(deadline: float) -> None:
