@@ -13,9 +13,13 @@ import io
 import json
 import os
 import tempfile
+import threading
 import traceback
 import urllib.error
+import urllib.parse
+import urllib.request
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 try:
     from packaging.metadata import Metadata
@@ -39,6 +43,7 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 USER_AGENT = "gpufleet-wheel-plan/1"
+HEAD_WORKERS = 8  # concurrent HEAD requests when dating builds by Last-Modified
 
 
 class IndexUnreachable(PlanError):
@@ -52,14 +57,21 @@ class HashMismatch(PlanError):
 class Fetcher:
     """HTTP access with counters, so the plan can report what crossed from the indexes."""
 
-    def __init__(self, timeout: float = 30.0):
+    def __init__(self, timeout: float = 30.0, head_workers: int = HEAD_WORKERS):
         self.timeout = timeout
+        self.head_workers = head_workers
         self.requests = 0
         self.bytes_in = 0
         self.downloads = []
+        self._lock = threading.Lock()
+
+    def _count(self, requests=0, nbytes=0):
+        with self._lock:
+            self.requests += requests
+            self.bytes_in += nbytes
 
     def _open(self, url: str, headers=None, method="GET"):
-        self.requests += 1
+        self._count(requests=1)
         # decompress and netrc off: range reads need the raw bytes, and requests carry only the headers given here.
         return open_url(
             url,
@@ -73,7 +85,7 @@ class Fetcher:
 
     def listing(self, index: str, base_url: str, project: str) -> list:
         """Every wheel the index lists for a project; an empty list when the index does not carry it."""
-        url = f"{base_url.rstrip('/')}/{canonicalize_name(project)}/"
+        url = directory_index(f"{base_url.rstrip('/')}/{canonicalize_name(project)}/")
         try:
             with self._open(url, {"Accept": ACCEPT}) as resp:
                 body = resp.read()
@@ -89,23 +101,32 @@ class Fetcher:
                 f"index {index!r} ({base_url}) is unreachable: {reason};"
                 " check the URL or its gpufleet_index_urls mirror"
             ) from exc
-        self.bytes_in += len(body)
+        self._count(nbytes=len(body))
         if JSON_TYPE in ctype:
             return parse_project_json(json.loads(body), final, index)
         return parse_project_html(body.decode("utf-8", "replace"), final, index)
 
     def date_undated(self, cands: list) -> None:
-        """Give candidates without upload-time or dev date the file's Last-Modified (HEAD request)."""
-        for cand in cands:
-            if cand.date is not None:
-                continue
-            try:
-                with self._open(cand.url, method="HEAD") as resp:
-                    stamp = resp.headers.get("Last-Modified")
-            except (urllib.error.URLError, OSError):
-                continue
-            if stamp:
-                cand.last_modified = email.utils.parsedate_to_datetime(stamp).astimezone(_dt.timezone.utc)
+        """Give candidates without upload-time or dev date the file's Last-Modified: one HEAD request each,
+        ``head_workers`` at a time. A file that does not answer, or answers without a readable Last-Modified, stays
+        undated (the plan then judges its source by version gap, or as undatable)."""
+        undated = [c for c in cands if c.date is None]
+        if not undated:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, min(self.head_workers, len(undated)))) as pool:
+            for cand, stamp in zip(undated, pool.map(self._last_modified, undated), strict=True):
+                cand.last_modified = stamp
+
+    def _last_modified(self, cand: Candidate):
+        try:
+            with self._open(cand.url, method="HEAD") as resp:
+                stamp = resp.headers.get("Last-Modified")
+        except (urllib.error.URLError, OSError):
+            return None
+        try:
+            return email.utils.parsedate_to_datetime(stamp).astimezone(_dt.timezone.utc) if stamp else None
+        except (TypeError, ValueError):
+            return None
 
     def metadata(self, cand: Candidate) -> Metadata:
         """The wheel's METADATA: PEP 658 file when offered, else read from the zip's tail with HTTP ranges."""
@@ -114,7 +135,7 @@ class Fetcher:
             try:
                 with self._open(cand.metadata_url) as resp:
                     raw = resp.read()
-                self.bytes_in += len(raw)
+                self._count(nbytes=len(raw))
             except (urllib.error.URLError, OSError):
                 raw = None
         if raw is None:
@@ -135,12 +156,13 @@ class Fetcher:
         except _NoRanges:
             with self._open(cand.url) as resp:
                 body = resp.read()
-            self.bytes_in += len(body)
+            self._count(nbytes=len(body))
             with zipfile.ZipFile(io.BytesIO(body)) as zf:
                 return _read_metadata(zf, cand)
 
     def download(self, url: str, dest: str, sha256: str) -> bool:
         """Fetch ``url`` to ``dest`` unless a file with that sha256 is already there. True if it was fetched."""
+        sha256 = sha256.lower()
         if os.path.exists(dest) and file_sha256(dest) == sha256:
             return False
         os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -151,7 +173,7 @@ class Fetcher:
                 for chunk in iter(lambda: resp.read(1 << 20), b""):
                     digest.update(chunk)
                     out.write(chunk)
-                    self.bytes_in += len(chunk)
+                    self._count(nbytes=len(chunk))
             if digest.hexdigest() != sha256:
                 raise HashMismatch(
                     f"hash mismatch for {url}: the lock (from the index listing) says sha256 {sha256}, the file"
@@ -166,6 +188,16 @@ class Fetcher:
                 os.unlink(tmp)
         self.downloads.append(url)
         return True
+
+
+def directory_index(url: str) -> str:
+    """A file:// project URL that is a directory means its index.html, as pip reads a local PEP 503 tree."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        path = urllib.request.url2pathname(parts.path)
+        if os.path.isdir(path):
+            return urllib.parse.urljoin(url if url.endswith("/") else url + "/", "index.html")
+    return url
 
 
 def _read_metadata(zf: zipfile.ZipFile, cand: Candidate) -> bytes:
@@ -223,7 +255,7 @@ class _RangeFile(io.RawIOBase):
             if resp.status != 206:
                 raise _NoRanges()
             data = resp.read()
-        self.fetcher.bytes_in += len(data)
+        self.fetcher._count(nbytes=len(data))
         self.pos += len(data)
         return data
 

@@ -36,21 +36,25 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     LOCK_SCHEMA,
     PlanError,
     Target,
+    dating_needed,
     lock_hash,
+    override_records,
     pick_file,
     resolve_plan,
     rules_from_profile,
 )
 
 
-def probe(fetcher: Fetcher, wheels: dict, rules_by_pkg: list) -> list:
-    """Listings of every profile package on every index it names, dated."""
+def probe(fetcher: Fetcher, wheels: dict, rules_by_pkg: list, target: Target) -> list:
+    """Listings of every profile package on every index it names. Builds the listing does not date are dated by
+    the file's Last-Modified (HEAD requests, concurrently), only those whose date the plan reads
+    (``_wheels.dating_needed``): a PEP 503 listing of a thousand files costs a handful of requests, not a thousand."""
     urls = {i["name"]: i["url"] for i in wheels["indexes"]}
     cands = []
     for rule in rules_by_pkg:
         for index in rule.indexes:
             cands.extend(fetcher.listing(index, urls[index], rule.name))
-    fetcher.date_undated(cands)
+    fetcher.date_undated(dating_needed(rules_by_pkg, cands, target))
     return cands
 
 
@@ -66,8 +70,13 @@ def uv_platform(platform: str) -> str:
     return f"{arch}-unknown-linux-gnu" if rest == "linux" else platform
 
 
-def uv_compile(uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600) -> list:
-    """Resolve ``requirements`` with uv over the profile's indexes; returns pylock packages (name, version, files)."""
+def uv_compile(
+    uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600, overrides: list = ()
+) -> list:
+    """Resolve ``requirements`` with uv over the profile's indexes; returns pylock packages (name, version, files).
+
+    ``overrides`` (requirement strings, the profile's wheels.overrides) go to uv as ``--overrides``: they replace
+    what any package's METADATA pins on those packages, dependencies of dependencies included."""
     indexes = wheels["indexes"]
     default = next((i for i in indexes if i.get("is_default")), indexes[-1])
     args = [uv, "pip", "compile", "--no-config", "--no-build", "--quiet", "--default-index", default["url"]]
@@ -81,6 +90,11 @@ def uv_compile(uv: str, requirements: list, wheels: dict, target: Target, timeou
         req_in = os.path.join(tmp, "requirements.in")
         with open(req_in, "w") as handle:
             handle.write("\n".join(requirements) + "\n")
+        if overrides:
+            overrides_txt = os.path.join(tmp, "overrides.txt")
+            with open(overrides_txt, "w") as handle:
+                handle.write("\n".join(overrides) + "\n")
+            args += ["--overrides", overrides_txt]
         out = os.path.join(tmp, "pylock.toml")
         proc = subprocess.run(
             [*args, "--format", "pylock.toml", "-o", out, req_in],
@@ -140,7 +154,7 @@ def make_lock(
     dependencies from those files, so no wheel is downloaded twice (once by uv, once for the hosts)."""
     wheels = profile["wheels"]
     rules_by_pkg, rules = rules_from_profile(wheels)
-    cands = probe(fetcher, wheels, rules_by_pkg)
+    cands = probe(fetcher, wheels, rules_by_pkg, target)
     chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, fetcher.metadata, today=today)
     for cand in chosen.values():
         if not cand.sha256:
@@ -156,7 +170,8 @@ def make_lock(
             pins.append(f"{cand.project} @ {pathlib.Path(path).resolve().as_uri()}")
     else:
         pins = [f"{c.project} @ {c.url}" for c in chosen.values()]
-    packages = lock_entries(uv_compile(uv, pins, wheels, target), chosen, target, "dependency")
+    overrides = [str(o.requirement) for o in rules.overrides.values()]
+    packages = lock_entries(uv_compile(uv, pins, wheels, target, overrides=overrides), chosen, target, "dependency")
     tool_entries = lock_entries(uv_compile(uv, list(tools), wheels, target), {}, target, "tool") if tools else []
     digest = lock_hash(packages, target)
     return {
@@ -170,6 +185,7 @@ def make_lock(
         "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "packages": packages,
         "tools": tool_entries,
+        "overrides": override_records(rules, report),
         "report": report,
     }
 
@@ -203,12 +219,21 @@ def report_lines(lock: dict) -> list:
     lines = [
         f"wheel plan for profile {lock['profile']} (Python {lock['python']}, {lock['platform']}): {lock['venv_name']}"
     ]
+    for override in lock.get("overrides", []):
+        replaced = ", ".join(f"{r['pin']} (by {r['by']})" for r in override["replaced"]) or "no pin of a chosen wheel"
+        lines.append(f"override {override['requirement']}: {override['reason']}; replaces {replaced}")
     for name, rep in lock["report"].items():
         lines.append(f"{name}: {rep['why']}")
         for index, src in rep["sources"].items():
-            state = f"STALE ({src['reason']})" if src["stale"] else "ok"
+            if src["stale"]:
+                state = f"STALE ({src['reason']})"
+            elif src["undatable"]:
+                state = f"UNDATABLE, {'refused' if src.get('undatable_policy') == 'refuse' else 'allowed'}"
+            else:
+                state = "ok"
             lines.append(
-                f"  source {index}: {src['count']} file(s), newest build {src['newest'] or 'undated'}: {state}"
+                f"  source {index}: {src['count']} file(s), newest build {src['newest'] or 'undated'}"
+                f" (release {src.get('newest_release') or '-'}): {state}"
             )
         for cand in rep["candidates"]:
             lines.append(f"    {cand['index']}: {cand['filename']} ({cand['date'] or 'undated'}): {cand['status']}")

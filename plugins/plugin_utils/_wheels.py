@@ -60,6 +60,7 @@ class Candidate:
     size: int | None = None
     metadata_url: str | None = None
     last_modified: _dt.datetime | None = None
+    build: tuple = ()  # PEP 427 build tag, (number, suffix) or (): a rebuild of one version sorts by it
 
     @property
     def date(self) -> _dt.date | None:
@@ -98,10 +99,26 @@ class PackageRule:
     indexes: list
     local_tag: str | None = None
     allow_stale: bool | None = None
+    undatable: str | None = None  # refuse | allow; None: the rules' setting, else refuse when local_tag is set
 
     @property
     def key(self) -> str:
         return canonicalize_name(self.name)
+
+
+@dataclass
+class Override:
+    """A requirement that replaces every pin other packages' METADATA declare on its package (uv --override)."""
+
+    requirement: Requirement
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return canonicalize_name(self.requirement.name)
+
+    def applies(self, target) -> bool:
+        return self.requirement.marker is None or self.requirement.marker.evaluate(target.marker_env())
 
 
 @dataclass
@@ -110,6 +127,12 @@ class Rules:
     max_age_days: int | None = None
     stale_gap_days: int | None = None
     allow_stale: bool = False
+    stale_version_gap: int | None = None  # a source this many releases behind another one's newest is stale
+    undatable: str | None = None  # refuse | allow for a source no rule can date; None: refuse for local-tag packages
+    overrides: dict = field(default_factory=dict)  # canonical name -> Override
+
+    def undatable_for(self, rule) -> str:
+        return rule.undatable or self.undatable or ("refuse" if rule.local_tag else "allow")
 
 
 @dataclass
@@ -167,9 +190,11 @@ def parse_time(value) -> _dt.datetime | None:
 def make_candidate(index: str, filename: str, url: str, **extra) -> Candidate | None:
     """A Candidate for a wheel file name, or None for anything that is not a wheel (sdists are never planned)."""
     try:
-        name, version, _build, tags = parse_wheel_filename(filename)
+        name, version, build, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename:
         return None
+    if extra.get("sha256"):
+        extra["sha256"] = str(extra["sha256"]).lower()  # hex digits: indexes may write them in upper case
     return Candidate(
         project=canonicalize_name(name),
         index=index,
@@ -177,6 +202,7 @@ def make_candidate(index: str, filename: str, url: str, **extra) -> Candidate | 
         url=url,
         version=version,
         tags=frozenset(tags),
+        build=tuple(build),
         **extra,
     )
 
@@ -319,22 +345,39 @@ def reject_reason(cand: Candidate, rule: PackageRule, supported: list, target: T
 # --- stale sources --------------------------------------------------------------------------------------
 
 
-def judge_sources(rule: PackageRule, by_index: dict, rules: Rules, today: _dt.date) -> dict:
-    """Per index: newest build date of this package (for this target) and whether the source is stale.
+def _release_text(release) -> str:
+    return ".".join(str(part) for part in release)
 
-    A source is stale when its newest build is older than ``max_age_days``, or more than ``stale_gap_days``
-    behind the newest build another source of the same package offers.
+
+def judge_sources(rule: PackageRule, by_index: dict, rules: Rules, today: _dt.date) -> dict:
+    """Per index: newest build date and release of this package (for this target) and the source's verdict.
+
+    ``by_index`` holds the builds that fit the target and the CUDA tag, any version. A source is stale when its
+    newest build is older than ``max_age_days``, more than ``stale_gap_days`` behind the newest build another
+    source of the package offers, or (dated or not) ``stale_version_gap`` or more releases behind another source's
+    newest release. A source with builds none of which can be dated (no upload time, no devYYYYMMDD, no
+    Last-Modified) that no version gap condemns is "undatable": refused or allowed by ``Rules.undatable_for``.
     """
-    newest = {}
+    newest, newest_release = {}, {}
     for index in rule.indexes:
-        dates = [c.date for c in by_index.get(index, []) if c.date]
+        cands = by_index.get(index, [])
+        dates = [c.date for c in cands if c.date]
         newest[index] = max(dates) if dates else None
+        newest_release[index] = max((c.version.release for c in cands), default=None)
+    releases = {c.version.release for i in rule.indexes for c in by_index.get(i, [])}
     out = {}
     for index in rule.indexes:
-        date = newest[index]
-        info = {"newest": date.isoformat() if date else None, "count": len(by_index.get(index, [])), "stale": False}
+        cands = by_index.get(index, [])
+        date, release = newest[index], newest_release[index]
+        info = {
+            "newest": date.isoformat() if date else None,
+            "newest_release": _release_text(release) if release else None,
+            "count": len(cands),
+            "stale": False,
+            "undatable": bool(cands) and date is None,
+        }
+        reasons = []
         if date is not None:
-            reasons = []
             if rules.max_age_days and (today - date).days > rules.max_age_days:
                 reasons.append(
                     f"newest build {date} is {(today - date).days} days old (max_age_days {rules.max_age_days})"
@@ -348,10 +391,61 @@ def judge_sources(rule: PackageRule, by_index: dict, rules: Rules, today: _dt.da
                         f"newest build {date} is {gap} days behind index {best_index!r} ({best};"
                         f" stale_gap_days {rules.stale_gap_days})"
                     )
-            if reasons:
-                info.update(stale=True, reason="; ".join(reasons))
+        if release is not None and rules.stale_version_gap:
+            ahead = [r for r in releases if r > release]
+            if len(ahead) >= rules.stale_version_gap:
+                best_index = max((r, i) for i, r in newest_release.items() if r is not None)[1]
+                reasons.append(
+                    f"newest release {_release_text(release)} is {len(ahead)} releases behind index"
+                    f" {best_index!r} ({_release_text(max(ahead))}; stale_version_gap {rules.stale_version_gap})"
+                )
+        if reasons:
+            info.update(stale=True, reason="; ".join(reasons))
+        elif info["undatable"]:
+            mode = rules.undatable_for(rule)
+            info.update(
+                undatable_policy=mode,
+                reason=(
+                    f"none of its {len(cands)} fitting build(s) has an upload time, a devYYYYMMDD version or a"
+                    " Last-Modified date, and no other source is ahead of it by stale_version_gap"
+                    + (
+                        f" (undatable: {mode}); to accept it set undatable: allow on package {rule.name} or in"
+                        " wheels.rules, or add stale_version_gap and a second source to judge it against"
+                        if mode == "refuse"
+                        else f" (undatable: {mode})"
+                    )
+                ),
+            )
         out[index] = info
     return out
+
+
+def refused(source: dict, allow_stale: bool) -> bool:
+    """Whether the plan refuses a source judged by judge_sources."""
+    if source["stale"]:
+        return not allow_stale
+    return source["undatable"] and source.get("undatable_policy") == "refuse"
+
+
+def dating_needed(rules_by_pkg: list, candidates: list, target: Target) -> list:
+    """Undated candidates whose date matters, so HEAD requests go only to them: per package and index, the builds
+    that pass the spec and tag filters, and the builds of the newest release that fits (a source's newest build
+    date, by which staleness is judged)."""
+    supported = supported_tags(target)
+    need = {}
+    for rule in rules_by_pkg:
+        anyver = _any_version(rule)
+        for index in rule.indexes:
+            fitting = [
+                c
+                for c in candidates
+                if c.project == rule.key and c.index == index and reject_reason(c, anyver, supported, target) is None
+            ]
+            top = max((c.version.release for c in fitting), default=None)
+            for c in fitting:
+                if c.date is None and (c.version.release == top or reject_reason(c, rule, supported, target) is None):
+                    need[id(c)] = c
+    return list(need.values())
 
 
 # --- resolution -----------------------------------------------------------------------------------------
@@ -365,12 +459,15 @@ class _State:
     eligible: list
     rejected: list  # (candidate, reason)
     sources: dict
+    allow_stale: bool = False
 
 
 def sort_key(cand: Candidate, rule: PackageRule, supported: list):
-    """Newest version first; on a tie the earlier index of the package's list, then the best tag."""
+    """Newest version first, then the highest build number (PEP 427: a rebuild of the same version); on a tie
+    the earlier index of the package's list, then the best tag."""
     return (
         cand.version,
+        cand.build,
         -rule.indexes.index(cand.index),
         -(tag_rank(cand, supported) or 0),
         cand.date or _dt.date.min,
@@ -392,16 +489,18 @@ def screen(rule: PackageRule, candidates: list, rules: Rules, target: Target, su
     allow_stale = rules.allow_stale if rule.allow_stale is None else rule.allow_stale
     eligible, rejected = [], []
     for index in rule.indexes:
+        source = sources[index]
         for cand in by_index.get(index, []):
             reason = reject_reason(cand, rule, supported, target)
-            if reason is None and sources[index]["stale"] and not allow_stale:
-                reason = f"stale source {index!r}: {sources[index]['reason']}"
+            if reason is None and refused(source, allow_stale):
+                kind = "stale" if source["stale"] else "undatable"
+                reason = f"{kind} source {index!r}: {source['reason']}"
             if reason:
                 rejected.append((cand, reason))
             else:
                 eligible.append(cand)
     eligible.sort(key=lambda c: sort_key(c, rule, supported), reverse=True)
-    return _State(rule=rule, eligible=eligible, rejected=rejected, sources=sources)
+    return _State(rule=rule, eligible=eligible, rejected=rejected, sources=sources, allow_stale=allow_stale)
 
 
 def admits_prereleases(spec: SpecifierSet) -> bool:
@@ -429,8 +528,8 @@ def metadata_problem(cand: Candidate, metadata: Metadata) -> str | None:
     return None
 
 
-def profile_pins(metadata: Metadata, keys: set, target: Target) -> list:
-    """Requirements on other profile packages that apply on the target (markers evaluated, extras off)."""
+def declared_requirements(metadata: Metadata, target: Target) -> list:
+    """The wheel's Requires-Dist that apply on the target (markers evaluated, extras off)."""
     out = []
     for req in metadata.requires_dist or []:
         if not isinstance(req, Requirement):
@@ -438,12 +537,18 @@ def profile_pins(metadata: Metadata, keys: set, target: Target) -> list:
                 req = Requirement(str(req))
             except InvalidRequirement:
                 continue
-        if canonicalize_name(req.name) not in keys:
-            continue
         if req.marker is not None and not req.marker.evaluate(target.marker_env()):
             continue
         out.append(req)
     return out
+
+
+def profile_pins(metadata: Metadata, keys: set, target: Target) -> list:
+    """Requirements on other profile packages (``keys``, canonical names) that apply on the target."""
+    return [req for req in declared_requirements(metadata, target) if canonicalize_name(req.name) in keys]
+
+
+OVERRIDE_SOURCE = "the profile's override"
 
 
 def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Target, metadata_of, today=None):
@@ -458,7 +563,14 @@ def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Tar
     states = {r.key: screen(r, candidates, rules, target, supported, today) for r in rules_by_pkg}
     keys = set(states)
     order = [r.key for r in rules_by_pkg]  # profile order keeps reports and error messages reproducible
+    # Overrides (uv --override): the pins other wheels declare on an overridden package are replaced by the
+    # override's requirement, which the package's build must satisfy.
+    overrides = {k: o for k, o in rules.overrides.items() if o.applies(target)}
+    pinnable = keys - set(overrides)
     constraints = {k: {} for k in order}  # package -> {filename of the wheel that pins it: Requirement}
+    for key in order:
+        if key in overrides:
+            constraints[key][OVERRIDE_SOURCE] = overrides[key].requirement
     banned = {}  # filename -> reason
     meta_cache = {}
 
@@ -489,7 +601,7 @@ def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Tar
         if changed:
             continue
         for key, cand in chosen.items():
-            for req in profile_pins(meta_cache[cand.filename], keys - {key}, target):
+            for req in profile_pins(meta_cache[cand.filename], pinnable - {key}, target):
                 other = canonicalize_name(req.name)
                 if chosen[other].version in req.specifier:
                     continue
@@ -508,7 +620,15 @@ def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Tar
             if changed:
                 break
         if not changed:
-            return chosen, plan_report(states, chosen, banned, constraints)
+            replaced = {
+                key: [
+                    str(req)
+                    for req in declared_requirements(meta_cache[cand.filename], target)
+                    if canonicalize_name(req.name) in overrides
+                ]
+                for key, cand in chosen.items()
+            }
+            return chosen, plan_report(states, chosen, banned, constraints, replaced)
     raise PlanError(
         "the wheel plan did not settle; the profile's pins contradict each other: "
         + "; ".join(f"{f}: {r}" for f, r in banned.items())
@@ -542,7 +662,39 @@ def _apply_group(group, pools, states, constraints, banned):
         pools[m] = [c for c in pools[m] if c.version.public == best]
 
 
+NO_BUILD_LISTED = 8  # candidates named one by one in a no-build error; the rest are counted by reason
+_REASON_KINDS = (
+    ("yanked", "yanked"),
+    ("version ", "version outside the spec"),
+    ("local tag", "another local tag"),
+    ("requires Python", "another Python"),
+    ("wheel tags", "tags that do not fit the target"),
+    ("stale source", "from a stale source"),
+    ("undatable source", "from an undatable source"),
+    ("requires ", "pins no eligible build satisfies"),
+    ("excluded by", "excluded by pins"),
+)
+
+
+_CLOSENESS = {
+    kind: rank
+    for rank, kind in enumerate(
+        ("yanked", "version outside the spec", "another local tag", "another Python", "tags that do not fit the target")
+    )
+}
+
+
+def reason_kind(reason: str) -> str:
+    for prefix, kind in _REASON_KINDS:
+        if reason.startswith(prefix):
+            return kind
+    return reason[:80]
+
+
 def no_build_message(state: _State, banned: dict, pins: dict) -> str:
+    """Why no build of a package can be planned, bounded in length however long the listings are: the
+    NO_BUILD_LISTED most telling candidates (those the spec admits first, newest first), then the others counted
+    by reason."""
     rule = state.rule
     lines = [
         f"no build of {rule.name} satisfies spec {str(rule.spec) or 'any'}"
@@ -552,20 +704,32 @@ def no_build_message(state: _State, banned: dict, pins: dict) -> str:
     seen = list(state.rejected) + [(c, banned.get(c.filename)) for c in state.eligible]
     if not seen:
         lines.append("no wheel of this package was listed by any of its indexes")
-    for cand, reason in seen:
-        if reason is None:
-            reason = "; ".join(f"excluded by {src}'s requirement {req}" for src, req in pins.items()) or "not chosen"
+    excluded = "; ".join(f"excluded by {src}'s requirement {req}" for src, req in pins.items()) or "not chosen"
+    seen = [(cand, reason or excluded) for cand, reason in seen]
+    # The closest misses first: a build refused by a later filter passed the earlier ones (reject_reason's order).
+    seen.sort(key=lambda cr: (_CLOSENESS.get(reason_kind(cr[1]), len(_CLOSENESS)), cr[0].version, cr[0].build))
+    seen.reverse()
+    for cand, reason in seen[:NO_BUILD_LISTED]:
         lines.append(f"{cand.index}: {cand.filename} ({cand.date or 'undated'}): {reason}")
-    stale = [f"{i} ({s['reason']})" for i, s in state.sources.items() if s["stale"]]
-    if stale:
+    rest = seen[NO_BUILD_LISTED:]
+    if rest:
+        counts = {}
+        for _cand, reason in rest:
+            counts[reason_kind(reason)] = counts.get(reason_kind(reason), 0) + 1
+        shown = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        lines.append(f"{len(rest)} more candidate(s): {shown}")
+    refused_sources = [f"{i} ({s['reason']})" for i, s in state.sources.items() if refused(s, state.allow_stale)]
+    if refused_sources:
         lines.append(
-            "stale sources: " + "; ".join(stale) + ". Set allow_stale on the package only if that build is wanted."
+            "refused sources: "
+            + "; ".join(refused_sources)
+            + ". Set allow_stale (stale) or undatable: allow on the package only if such a build is wanted."
         )
     return " | ".join(lines)
 
 
-def plan_report(states, chosen, banned, constraints) -> dict:
-    """What was chosen and why, with every candidate seen per index."""
+def plan_report(states, chosen, banned, constraints, replaced=None) -> dict:
+    """What was chosen and why, with every candidate seen per index, and the pins that overrides replaced."""
     report = {}
     for key, state in states.items():
         pick = chosen[key]
@@ -583,6 +747,8 @@ def plan_report(states, chosen, banned, constraints) -> dict:
             "why": _why(state, pick, constraints[key]),
             "sources": state.sources,
             "stale_sources": sorted(i for i, s in state.sources.items() if s["stale"]),
+            "undatable_sources": sorted(i for i, s in state.sources.items() if s["undatable"]),
+            "overridden_pins": list((replaced or {}).get(key, [])),
             "candidates": cands,
         }
     return report
@@ -594,9 +760,14 @@ def _why(state, pick, pins) -> str:
         parts.append(f"local tag {state.rule.local_tag}")
     for src, req in pins.items():
         parts.append(f"pinned by {src} ({req})")
-    stale = [i for i, s in state.sources.items() if s["stale"]]
-    if stale:
-        parts.append("stale source(s) refused: " + ", ".join(stale))
+    for kind, flag in (("stale", "allow_stale"), ("undatable", "undatable: allow")):
+        judged = [i for i, s in state.sources.items() if s[kind]]
+        refused_here = [i for i in judged if refused(state.sources[i], state.allow_stale)]
+        allowed = [i for i in judged if i not in refused_here]
+        if refused_here:
+            parts.append(f"{kind} source(s) refused: " + ", ".join(refused_here))
+        if pick.index in allowed:
+            parts.append(f"{kind} source {pick.index} allowed ({flag})")
     return f"{pick.filename} from {pick.index}: " + "; ".join(parts)
 
 
@@ -620,6 +791,7 @@ def rules_from_profile(wheels: dict) -> tuple:
                 indexes=list(pkg["indexes"]),
                 local_tag=pkg.get("local_tag"),
                 allow_stale=pkg.get("allow_stale"),
+                undatable=pkg.get("undatable"),
             )
         )
     raw = wheels.get("rules") or {}
@@ -628,8 +800,57 @@ def rules_from_profile(wheels: dict) -> tuple:
         max_age_days=raw.get("max_age_days"),
         stale_gap_days=raw.get("stale_gap_days"),
         allow_stale=bool(raw.get("allow_stale", False)),
+        stale_version_gap=raw.get("stale_version_gap"),
+        undatable=raw.get("undatable"),
+        overrides=overrides_from_profile(wheels.get("overrides") or []),
     )
     return pkgs, rules
+
+
+def overrides_from_profile(entries: list) -> dict:
+    """wheels.overrides ([{requirement, reason}]) as Override per canonical name; one override per package."""
+    out = {}
+    for pos, entry in enumerate(entries):
+        text = entry.get("requirement")
+        try:
+            req = Requirement(str(text))
+        except InvalidRequirement as exc:
+            raise PlanError(
+                f"wheels.overrides[{pos}]: requirement {text!r} is not a PEP 508 requirement ({exc}); write it as"
+                " uv's --override takes it, e.g. 'torch>=2.11,<2.12' or 'flashinfer-python==0.6.4'"
+            ) from exc
+        if req.url or req.extras:
+            raise PlanError(
+                f"wheels.overrides[{pos}]: requirement {text!r} has a URL or extras; an override replaces version pins"
+                " only: give a name and a version specifier"
+            )
+        override = Override(requirement=req, reason=str(entry.get("reason") or "").strip())
+        if not override.reason:
+            raise PlanError(
+                f"wheels.overrides[{pos}] ({text}): no reason given; say why the upstream pins are replaced"
+                " (the reason is printed in the plan report and kept in the lock)"
+            )
+        if override.key in out:
+            raise PlanError(
+                f"wheels.overrides[{pos}]: a second override for {override.key} ({text!r} after"
+                f" {str(out[override.key].requirement)!r}); keep one requirement per package"
+            )
+        out[override.key] = override
+    return out
+
+
+def override_records(rules: Rules, report: dict) -> list:
+    """The lock's list of overrides: requirement, reason and the pins of the chosen wheels it replaced."""
+    records = []
+    for key, override in rules.overrides.items():
+        replaced = [
+            {"by": rep["chosen"]["filename"], "pin": pin}
+            for rep in report.values()
+            for pin in rep.get("overridden_pins", [])
+            if canonicalize_name(Requirement(pin).name) == key
+        ]
+        records.append({"requirement": str(override.requirement), "reason": override.reason, "replaced": replaced})
+    return records
 
 
 def pick_file(wheels: list, target: Target) -> dict | None:

@@ -252,7 +252,7 @@ def test_stale_source_by_max_age_alone():
     with pytest.raises(w.PlanError) as err:
         plan([rule("flashinfer-python", indexes=("own",))], cands, max_age_days=240)
     assert "300 days old (max_age_days 240)" in str(err.value)
-    assert "stale sources: own" in str(err.value)
+    assert "refused sources: own" in str(err.value)
 
 
 def test_stale_only_source_fails_with_candidates_and_advice():
@@ -293,7 +293,7 @@ def test_staleness_only_counts_builds_for_the_target_cuda_tag():
     assert report["jit"]["sources"]["nightly"]["stale"] is True
 
 
-def test_undated_source_is_never_called_stale():
+def test_undated_source_without_a_version_gap_is_undatable_and_allowed_without_a_local_tag():
     cands = [cand(FI_STALE, index="nightly", days_old=None), cand(FI_NEW, index="own", days_old=20)]
     sources = w.judge_sources(
         rule("flashinfer-python", indexes=("nightly", "own")),
@@ -301,8 +301,67 @@ def test_undated_source_is_never_called_stale():
         w.Rules(stale_gap_days=60, max_age_days=240),
         TODAY,
     )
-    assert sources["nightly"] == {"newest": None, "count": 1, "stale": False}
-    assert sources["own"]["stale"] is False
+    assert sources["nightly"]["undatable"] is True and sources["nightly"]["stale"] is False
+    assert sources["nightly"]["undatable_policy"] == "allow"
+    assert "none of its 1 fitting build(s) has an upload time" in sources["nightly"]["reason"]
+    assert sources["own"] == {
+        "newest": (TODAY - dt.timedelta(days=20)).isoformat(),
+        "newest_release": "0.6.4",
+        "count": 1,
+        "stale": False,
+        "undatable": False,
+    }
+
+
+def test_undated_source_far_behind_another_is_stale_by_version_gap():
+    cands = [cand(FI_STALE, index="nightly", days_old=None)] + [
+        cand(f"flashinfer_python-{v}-py3-none-any.whl", index="own", days_old=20)
+        for v in ("0.3.0", "0.4.0", "0.5.0", "0.6.4")
+    ]
+    chosen, report = plan([rule("flashinfer-python", indexes=("nightly", "own"))], cands, stale_version_gap=3)
+    src = report["flashinfer-python"]["sources"]["nightly"]
+    assert src["stale"] is True and src["undatable"] is True
+    assert src["reason"] == "newest release 0.2.14 is 4 releases behind index 'own' (0.6.4; stale_version_gap 3)"
+    assert chosen["flashinfer-python"].filename == "flashinfer_python-0.6.4-py3-none-any.whl"
+    assert "stale source(s) refused: nightly" in report["flashinfer-python"]["why"]
+    # One release behind is within a gap of 3: the undated source stays, judged undatable (and allowed).
+    close = [cand(FI_STALE, index="nightly", days_old=None), cand("flashinfer_python-0.3.0-py3-none-any.whl", "own")]
+    _chosen, report = plan([rule("flashinfer-python", indexes=("nightly", "own"))], close, stale_version_gap=3)
+    assert report["flashinfer-python"]["sources"]["nightly"]["stale"] is False
+
+
+def test_undatable_source_is_refused_by_default_for_local_tag_packages_and_when_told():
+    jit = "jit-0.6.4+cu130-py3-none-any.whl"
+    with pytest.raises(w.PlanError) as err:
+        plan([rule("jit", indexes=("cu130",), local_tag="cu130")], [cand(jit, index="cu130", days_old=None)])
+    msg = str(err.value)
+    assert f"cu130: {jit} (undated): undatable source 'cu130'" in msg
+    assert "(undatable: refuse); to accept it set undatable: allow on package jit" in msg
+    allowed = w.PackageRule("jit", SpecifierSet(), ["cu130"], "cu130", undatable="allow")
+    chosen, report = plan([allowed], [cand(jit, index="cu130", days_old=None)])
+    assert chosen["jit"].filename == jit and "undatable source cu130 allowed (undatable: allow)" in report["jit"]["why"]
+    with pytest.raises(w.PlanError, match="undatable source 'main'"):
+        plan([rule("flashinfer-python")], [cand(FI_NEW, days_old=None)], undatable="refuse")
+
+
+def test_a_dev_date_dates_a_source_that_has_no_upload_times():
+    nightly = cand("torch-2.12.0.dev20260220+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "nightly", days_old=None)
+    chosen, report = plan([rule("torch", indexes=("nightly",), local_tag="cu130")], [nightly], max_age_days=30)
+    src = report["torch"]["sources"]["nightly"]
+    assert src["newest"] == "2026-02-20" and src["undatable"] is False and chosen["torch"] is nightly
+
+
+def test_dating_needed_is_only_the_builds_that_pass_the_filters_and_the_newest_release():
+    listed = [cand(f"torch-2.{m}.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "cu130", None) for m in range(1, 12)]
+    listed += [cand("torch-2.11.0+cu128-cp311-cp311-manylinux_2_28_x86_64.whl", "cu130", None)]
+    listed += [cand("torch-2.11.0+cu130-cp310-cp310-manylinux_2_28_x86_64.whl", "cu130", None)]
+    listed += [cand("torch-2.10.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "cu130", days_old=3)]
+    need = w.dating_needed([rule("torch", ">=2.9,<2.11", ("cu130",), "cu130")], listed, TARGET)
+    assert sorted(c.filename for c in need) == [
+        "torch-2.10.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "torch-2.11.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "torch-2.9.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+    ]
 
 
 # --- cross-package rules --------------------------------------------------------------------------------
@@ -492,3 +551,136 @@ def test_unreadable_metadata_rejects_the_wheel():
     broken = Metadata.from_email("Metadata-Version: 2.1\nName: six\nVersion: not a version\n", validate=False)
     problem = w.metadata_problem(cand("six-1.17.0-py3-none-any.whl"), broken)
     assert problem is not None and problem.startswith("METADATA is unreadable")
+
+
+# --- overrides (uv --override) --------------------------------------------------------------------------
+
+SGLANG = "sglang-0.5.9-py3-none-any.whl"
+SGLANG_PINS = {SGLANG: ["flashinfer_python==0.6.3", "torch==2.9.1", "torchaudio==2.9.1; sys_platform == 'linux'"]}
+
+
+def fi_and_sglang():
+    return [cand(FI_NEW), cand("flashinfer_python-0.6.3-py3-none-any.whl"), cand(SGLANG)]
+
+
+def overrides(*pairs):
+    return w.overrides_from_profile([{"requirement": r, "reason": why} for r, why in pairs])
+
+
+def test_a_pin_the_profile_contradicts_fails_without_an_override():
+    rules = [rule("flashinfer-python", "==0.6.4"), rule("sglang", "==0.5.9")]
+    with pytest.raises(w.PlanError) as err:
+        plan(rules, fi_and_sglang(), Meta(SGLANG_PINS))
+    assert (
+        f"main: {SGLANG} (2026-02-19): requires flashinfer_python==0.6.3, but no eligible flashinfer-python build"
+        " satisfies it (eligible: 0.6.4)" in str(err.value)
+    )
+
+
+def test_an_override_replaces_the_pins_and_the_report_lists_them():
+    rules = [rule("flashinfer-python", "==0.6.4"), rule("sglang", "==0.5.9")]
+    over = overrides(("flashinfer-python==0.6.4", "the stack runs 0.6.4"), ("torch>=2.11,<2.12", "cu130 build"))
+    chosen, report = w.resolve_plan(rules, fi_and_sglang(), w.Rules(overrides=over), TARGET, Meta(SGLANG_PINS), TODAY)
+    assert chosen["flashinfer-python"].filename == FI_NEW
+    assert report["sglang"]["overridden_pins"] == ["flashinfer_python==0.6.3", "torch==2.9.1"]
+    assert report["flashinfer-python"]["overridden_pins"] == []
+    assert "pinned by the profile's override (flashinfer-python==0.6.4)" in report["flashinfer-python"]["why"]
+    records = w.override_records(w.Rules(overrides=over), report)
+    assert records == [
+        {
+            "requirement": "flashinfer-python==0.6.4",
+            "reason": "the stack runs 0.6.4",
+            "replaced": [{"by": SGLANG, "pin": "flashinfer_python==0.6.3"}],
+        },
+        {
+            "requirement": "torch<2.12,>=2.11",
+            "reason": "cu130 build",
+            "replaced": [{"by": SGLANG, "pin": "torch==2.9.1"}],
+        },
+    ]
+
+
+def test_an_override_binds_the_profile_package_too():
+    rules = [rule("flashinfer-python", ">=0.6"), rule("sglang", "==0.5.9")]
+    over = overrides(("flashinfer-python<0.6.4", "hold back"))
+    chosen, _report = w.resolve_plan(rules, fi_and_sglang(), w.Rules(overrides=over), TARGET, Meta(SGLANG_PINS), TODAY)
+    assert str(chosen["flashinfer-python"].version) == "0.6.3"
+    with pytest.raises(w.PlanError, match=r"excluded by the profile's override's requirement flashinfer-python<0.6"):
+        w.resolve_plan(
+            [rule("flashinfer-python", "==0.6.4")],
+            [cand(FI_NEW)],
+            w.Rules(overrides=overrides(("flashinfer-python<0.6", "x"))),
+            TARGET,
+            Meta(),
+            TODAY,
+        )
+
+
+def test_an_override_whose_marker_does_not_apply_replaces_nothing():
+    rules = [rule("flashinfer-python", "==0.6.4"), rule("sglang", "==0.5.9")]
+    over = overrides(("flashinfer-python==0.6.4; sys_platform == 'win32'", "windows only"))
+    with pytest.raises(w.PlanError, match="requires flashinfer_python==0.6.3"):
+        w.resolve_plan(rules, fi_and_sglang(), w.Rules(overrides=over), TARGET, Meta(SGLANG_PINS), TODAY)
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        (
+            [{"requirement": "torch>=>2", "reason": "r"}],
+            r"wheels.overrides\[0\]: requirement 'torch>=>2' is not a PEP 508",
+        ),
+        ([{"requirement": "torch==2.11", "reason": " "}], r"wheels.overrides\[0\] \(torch==2.11\): no reason given"),
+        (
+            [{"requirement": "torch==2.11", "reason": "a"}, {"requirement": "Torch<3", "reason": "b"}],
+            r"wheels.overrides\[1\]: a second override for torch \('Torch<3' after 'torch==2.11'\)",
+        ),
+        ([{"requirement": "torch @ file:///x.whl", "reason": "r"}], "has a URL or extras"),
+    ],
+)
+def test_bad_overrides_name_the_entry_and_the_fix(entries, message):
+    with pytest.raises(w.PlanError, match=message):
+        w.overrides_from_profile(entries)
+
+
+# --- bad inputs ------------------------------------------------------------------------------------------
+
+
+def test_upper_case_sha256_in_json_and_html_listings_is_read_as_lower_case():
+    doc = {"files": [{"filename": FI_NEW, "url": FI_NEW, "hashes": {"sha256": "AB" * 32}}]}
+    assert w.parse_project_json(doc, "http://127.0.0.1:1/simple/x/", "i")[0].sha256 == "ab" * 32
+    html = f'<a href="{FI_NEW}#sha256={"CD" * 32}">{FI_NEW}</a>'
+    assert w.parse_project_html(html, "http://127.0.0.1:1/simple/x/", "i")[0].sha256 == "cd" * 32
+
+
+def test_rebuilds_of_one_version_are_ordered_by_build_number_not_upload_date():
+    older_build_newer_upload = cand("sgl_kernel-0.3.21-1-cp39-abi3-manylinux_2_28_x86_64.whl", days_old=1)
+    newer_build = cand("sgl_kernel-0.3.21-2-cp39-abi3-manylinux_2_28_x86_64.whl", days_old=30)
+    plain = cand("sgl_kernel-0.3.21-cp39-abi3-manylinux_2_28_x86_64.whl", days_old=0)
+    chosen, _ = plan([rule("sgl-kernel", "==0.3.21")], [older_build_newer_upload, plain, newer_build])
+    assert chosen["sgl-kernel"] is newer_build and newer_build.build == (2, "")
+
+
+def test_why_says_when_the_pick_came_from_a_stale_source_that_was_allowed():
+    cands = [cand(FI_STALE, index="nightly", days_old=110), cand(FI_NEW, index="own", days_old=20)]
+    r = rule("flashinfer-python", "==0.2.14", indexes=("nightly", "own"), allow_stale=True)
+    _chosen, report = plan([r], cands, stale_gap_days=60)
+    why = report["flashinfer-python"]["why"]
+    assert "stale source nightly allowed (allow_stale)" in why and "refused" not in why
+
+
+def test_no_build_message_stays_short_for_a_long_listing():
+    listed = [
+        cand(f"torch-2.{m}.{p}+cu128-cp311-cp311-manylinux_2_28_x86_64.whl") for m in range(20) for p in range(50)
+    ]
+    listed += [cand("torch-2.11.0+cu130-cp39-cp39-manylinux_2_28_x86_64.whl")]
+    with pytest.raises(w.PlanError) as err:
+        plan([rule("torch", ">=2.11,<2.12", local_tag="cu130")], listed)
+    msg = str(err.value)
+    assert len(msg) < 2500, len(msg)
+    parts = msg.split(" | ")
+    # The closest misses come first: the cu130 build for another Python, then the cu128 builds of 2.11.
+    assert parts[1].startswith("main: torch-2.11.0+cu130-cp39-cp39") and "do not fit Python 3.11" in parts[1]
+    assert parts[2].startswith("main: torch-2.11.49+cu128") and "local tag 'cu128'" in parts[2]
+    assert len(parts) == 1 + w.NO_BUILD_LISTED + 1
+    assert parts[-1] == "993 more candidate(s): 950 version outside the spec, 43 another local tag"
