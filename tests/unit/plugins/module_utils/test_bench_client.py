@@ -4,51 +4,23 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
-import threading
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client import Client, ServerError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "lab" / "wheels" / "lab-sglang" / "src"))
-
-from lab_sglang.server import Config, make_server, spec_metrics
+# lab_sglang is made importable by conftest.py.
+from lab_sglang.server import spec_metrics
 from lab_sglang.stack import Rates
 from lab_sglang.timing import Schedule, build_schedule, step_sizes
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client import Client, ServerError
 
 FAST = Rates("test", nospec_tok_s=400.0, spec_tok_s=800.0, accept_length=3.0)
 
 
 @pytest.fixture
-def serve():
-    servers = []
-
-    def start(**overrides):
-        cfg = dict(
-            host="127.0.0.1",
-            port=0,
-            model_path="/m",
-            served_model_name="lab-model",
-            rates=FAST,
-            speculative_algorithm="EAGLE3",
-            speculative_draft_model_path="/d",
-            startup_s=0.0,
-            ttft_base_s=0.005,
-            prefill_s_per_token=0.0,
-        )
-        cfg.update(overrides)
-        server = make_server(Config(**cfg))
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def stand_in_config():
+    return {"rates": FAST, "ttft_base_s": 0.005}
 
 
 # -- the stand-in's schedule is what the statistics are checked against --------------------------

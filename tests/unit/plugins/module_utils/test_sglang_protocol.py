@@ -30,7 +30,6 @@ import dataclasses
 import json
 import logging
 import sys
-import threading
 import time
 import types
 import typing
@@ -61,9 +60,8 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _bench  # 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._sglang_client import Client  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO / "lab" / "wheels" / "lab-sglang" / "src"))
 
-from lab_sglang.server import Config, make_server  # noqa: E402
+# lab_sglang is made importable by conftest.py.
 from lab_sglang.stack import Rates  # noqa: E402
 from lab_sglang.timing import step_sizes  # noqa: E402
 
@@ -284,9 +282,7 @@ def serving(relpath, method, outputs, error=None, **self_attrs):
 
 # -- a server that replays bytes made by SGLang's code, and records what the client sent --------------------------
 @pytest.fixture
-def replay():
-    servers = []
-
+def replay(loopback):
     def start(routes):
         """routes: path -> (content type, body bytes or list of SSE events); returns (url, requests seen)."""
         seen = []
@@ -321,46 +317,27 @@ def replay():
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}", seen
+        return loopback(server), seen
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 @pytest.fixture
-def stand_in():
-    servers = []
+def stand_in_config():
+    """The tuning flags SGLang's EAGLE-3 command line sets (conftest.py's `serve` takes these)."""
+    return {
+        "rates": FAST,
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 4,
+        "speculative_num_draft_tokens": DRAFT_TOKENS,
+        "ttft_base_s": 0.001,
+    }
 
-    def start(**overrides):
-        cfg = dict(
-            host="127.0.0.1",
-            port=0,
-            model_path="/m",
-            served_model_name="lab-model",
-            rates=FAST,
-            speculative_algorithm="EAGLE3",
-            speculative_draft_model_path="/d",
-            speculative_num_steps=3,
-            speculative_eagle_topk=4,
-            speculative_num_draft_tokens=DRAFT_TOKENS,
-            startup_s=0.0,
-            ttft_base_s=0.001,
-            prefill_s_per_token=0.0,
-        )
-        cfg.update(overrides)
-        server = make_server(Config(**cfg))
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+@pytest.fixture
+def stand_in(serve):
+    """start(**fields) -> the URL of a stand-in."""
+    return lambda **fields: serve(**fields)[1]
 
 
 def sse_events(raw):
