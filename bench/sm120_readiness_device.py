@@ -100,7 +100,7 @@ BUILD_PLAY = """
         required_packages: "{{ gpufleet_stack.postcheck.smoke.required_packages }}"
         target_sms: "{{ gpufleet_stack.gpu.target_sms }}"
         per_sm: "{{ gpufleet_stack.postcheck.smoke.per_sm }}"
-        build_timeout_s: 300
+        build_timeout_s: 240  # two targets and the rest inside one 600 s device call
         env: "{{ smoke_env }}"
         fail_on_failure: false
       register: smoke

@@ -546,6 +546,17 @@ def _judge_toolkit(toolkit: dict, expected_cuda: str | None, problems: list):
         )
 
 
+def _elf_problem(what, arch, elf) -> str | None:
+    """None when cuobjdump lists SASS for arch in the file (or there is no cuobjdump: reported elsewhere)."""
+    if elf is None:
+        return None
+    if elf.get("error"):
+        return f"cuobjdump could not read {what}: {elf['error']}"
+    if arch not in elf.get("images", []):
+        return f"cuobjdump finds no {arch} SASS in {what} (ELF images: {elf.get('images')})"
+    return None
+
+
 def _judge_nvcc(raw_nvcc: dict, target: dict, problems: list, inspected: list) -> list:
     built = []
     for variant in target["variants"]:
@@ -555,16 +566,15 @@ def _judge_nvcc(raw_nvcc: dict, target: dict, problems: list, inspected: list) -
             continue
         built.append(variant)
         elf = got.get("elf")
-        if elf is None:
-            continue  # no cuobjdump: reported in the summary, not a build failure
-        if variant not in elf:
-            problems.append(f"cuobjdump finds no {variant} SASS in nvcc's output (ELF images: {elf})")
-            continue
+        problem = _elf_problem("nvcc's output", variant, elf)
         sass = got.get("sass") or {}
-        if "instructions" in sass and sass["instructions"] <= 0:
-            problems.append(f"cuobjdump --dump-sass shows no {variant} instructions")
-            continue
-        inspected.append(variant)
+        if problem is None and "instructions" in sass:
+            if sass["instructions"] <= 0 or variant not in sass.get("arches", []):
+                problem = f"cuobjdump --dump-sass shows no {variant} instructions ({sass})"
+        if problem:
+            problems.append(problem)
+        elif elf is not None:
+            inspected.append(variant)
     return built
 
 
@@ -578,31 +588,42 @@ def _judge_flashinfer(raw_fi: dict, target: dict, params: dict, problems: list, 
     if raw_fi.get("error"):
         problems.append(f"flashinfer could not be prepared: {raw_fi['error'][-400:]}")
         return []
+    if not raw_fi.get("modules"):
+        problems.append("flashinfer's JIT built no module (the worker reported none)")
+        return []
     built = []
     arch = sm_name(target["sm"], "a" if target["flashinfer_arch"].endswith("a") else "")
-    for name, mod in sorted(raw_fi.get("modules", {}).items()):
+    for name, mod in sorted(raw_fi["modules"].items()):
         if not mod.get("built"):
             problems.append(f"flashinfer's JIT cannot build {name} for {target['flashinfer_arch']}: {mod.get('error')}")
             continue
         built.append(name)
-        elf = mod.get("elf")
-        if elf is None:
-            continue
-        if arch not in elf:
-            problems.append(f"flashinfer's {name} holds no {arch} SASS (ELF images: {elf})")
-        else:
+        problem = _elf_problem(f"flashinfer's {name}", arch, mod.get("elf"))
+        if problem:
+            problems.append(problem)
+        elif mod.get("elf") is not None:
             inspected.append(f"flashinfer {name}")
     return built
 
 
 def _judge_run(raw_run: dict | None, target: dict, params: dict, problems: list) -> list:
+    """The freshly built kernels on this host's GPU of the target SM; a target with such a GPU must have run them."""
     if not raw_run:
+        problems.append(
+            f"the freshly built kernels did not run on GPU {target['run_index']} (the worker reported no run)"
+        )
         return []
+    if raw_run.get("not_run"):
+        problems.append(f"not run on GPU {target['run_index']}: {raw_run['not_run']}")
+        return []
+    if raw_run.get("sm") and sm_key(raw_run["sm"]) != target["sm"]:
+        problems.append(f"the run landed on GPU {raw_run.get('index')} of {raw_run['sm']}, not SM {target['sm']}")
     ran = []
     gpu = {"index": raw_run.get("index"), "uuid": raw_run.get("uuid")}
     for check in sorted(FLASHINFER_CHECKS):
         got = raw_run.get(check)
         if got is None:
+            problems.append(f"freshly built, {gpu_label(gpu)}: {check} did not run")
             continue
         verdict = judge_kernel(check, got, gpu, params)
         if verdict["status"] == "passed":
@@ -622,9 +643,14 @@ def judge_build_target(raw: dict, target: dict, arch_list, expected_cuda: str | 
     _judge_toolkit(raw.get("toolkit", {}), expected_cuda, problems)
     nvcc_built = _judge_nvcc(raw.get("nvcc", {}), target, problems, inspected)
     fi_built = _judge_flashinfer(raw.get("flashinfer", {}), target, params, problems, inspected)
-    ran = _judge_run(raw.get("run"), target, params, problems) if target["run_index"] is not None else []
+    ran = []
+    if target["run_index"] is not None and fi_built:
+        ran = _judge_run(raw.get("run"), target, params, problems)
     if sm_name(target["sm"]) not in (arch_list or []):
-        problems.append(f"torch.cuda.get_arch_list() {arch_list} lacks {sm_name(target['sm'])}")
+        problems.append(
+            f"torch.cuda.get_arch_list() {arch_list} lacks {sm_name(target['sm'])}: torch has no kernels for it;"
+            " install a torch build that lists it"
+        )
     no_inspector = (raw.get("toolkit") or {}).get("cuobjdump") is None and bool(raw)
     summary = _build_summary(target, nvcc_built, fi_built, inspected, ran, no_inspector)
     if _extra_modules(raw):
@@ -640,7 +666,7 @@ def judge_build_target(raw: dict, target: dict, arch_list, expected_cuda: str | 
         "raw": raw,
     }
     if problems:
-        return outcome("failed", f"{who}: the stack cannot build for it: " + "; ".join(problems), **data)
+        return outcome("failed", f"{who}: the stack cannot build or run kernels for it: " + "; ".join(problems), **data)
     return outcome("passed", f"{who}: {summary}", **data)
 
 
@@ -653,9 +679,10 @@ def _build_summary(target, nvcc_built, fi_built, inspected, ran, no_inspector) -
     if no_inspector:
         parts.append("SASS not inspected (no cuobjdump in the toolkit: add the cuda_cuobjdump component)")
     elif inspected:
-        parts.append("SASS inspected with cuobjdump")
+        parts.append(f"cuobjdump shows {sm_name(target['sm'])}* SASS in {', '.join(inspected)}")
     if target["run_index"] is None:
-        parts.append(f"inspected, not run (no SM {target['sm']} GPU on this host)")
+        done = "built and inspected" if inspected else "built"
+        parts.append(f"{done}, not run (no SM {target['sm']} GPU on this host)")
     elif ran:
         parts.append(f"ran on GPU {target['run_index']} within tolerance: {', '.join(ran)}")
     return "; ".join(parts)
@@ -679,8 +706,7 @@ def judge_build(results: dict, plan: list, arch_list, expected_cuda: str | None,
     if cannot:
         return outcome(
             "failed",
-            f"build_targets: the stack cannot build for SM {', '.join(cannot)}: "
-            + " | ".join(targets[sm]["message"] for sm in cannot),
+            "build_targets: " + " | ".join(targets[sm]["message"] for sm in cannot),
             **data,
         )
     return outcome("passed", "build_targets: " + " | ".join(messages), **data)

@@ -443,7 +443,7 @@ extern "C" __global__ void gpufleet_axpy(float a, const float* x, float* y, int 
   if (i < n) y[i] = a * x[i] + y[i];
 }
 """
-_ELF_RE = re.compile(r"\.(sm_[0-9]+[af]?)\.cubin\s*$")
+_ELF_RE = re.compile(r"\b(sm_[0-9]+[af]?)\.cubin\b")
 _SASS_ARCH_RE = re.compile(r"^\s*arch = (sm_[0-9]+[af]?)\s*$")
 _SASS_INSN_RE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+\S")
 _NVCC_RELEASE_RE = re.compile(r"release ([0-9]+\.[0-9]+), (V[0-9.]+)")
@@ -513,19 +513,25 @@ def parse_sass(text):
 
 
 def inspect_elf(toolkit, path, dump_sass):
-    """What cuobjdump finds in a file: its SASS ELF images (and, for small files, the disassembly's figures)."""
+    """What cuobjdump finds in a file: its SASS ELF images (and, for small files, the disassembly's figures).
+
+    Returns (elf, sass): elf is None when there is no cuobjdump, else {"images": [...]}, with "error" when cuobjdump
+    could not read the file (a failure to inspect is another finding than "no SASS for this arch").
+    """
     if not toolkit.get("cuobjdump"):
         return None, {"skipped": "no cuobjdump in the toolkit or on PATH"}
     env = _tool_env(toolkit)
     rc, out, err = _run([toolkit["cuobjdump"], "--list-elf", path], timeout=120, env=env)
-    elf = parse_list_elf(out) if rc == 0 else []
+    elf = {"images": parse_list_elf(out)}
+    if rc != 0:
+        elf["error"] = f"cuobjdump --list-elf exited {rc}: {_tail(err or out, 400)}"
     if not dump_sass:
         return elf, {"skipped": "not disassembled (large file)"}
     if not toolkit.get("nvdisasm"):
         return elf, {"skipped": "no nvdisasm: --dump-sass needs it"}
     rc, out, err = _run([toolkit["cuobjdump"], "--dump-sass", path], timeout=120, env=env)
     if rc != 0:
-        return elf, {"error": _tail(err, 400)}
+        return elf, {"error": f"cuobjdump --dump-sass exited {rc}: {_tail(err, 400)}"}
     return elf, parse_sass(out)
 
 
@@ -579,7 +585,29 @@ def flashinfer_specs(fi, torch, backends):
     return specs
 
 
+def _build_module(toolkit, spec):
+    entry = {"uri": spec.name, "aot_available": bool(spec.is_aot)}
+    began = time.perf_counter()
+    try:
+        spec.build(verbose=False)
+    except Exception as exc:  # a module that does not build is the finding, not a crash
+        entry.update(built=False, error=_ninja_error(exc))
+    else:
+        lib = str(spec.jit_library_path)
+        entry.update(built=os.path.exists(lib), so_bytes=os.path.getsize(lib) if os.path.exists(lib) else None)
+        if not entry["built"]:
+            entry["error"] = f"ninja finished but {lib} is not there"
+        entry["gencode"] = _ninja_gencodes(spec.ninja_path)
+        entry["elf"] = inspect_elf(toolkit, lib, dump_sass=False)[0] if entry["built"] else None
+    entry["seconds"] = round(time.perf_counter() - began, 2)
+    return entry
+
+
 def build_flashinfer(toolkit, backends):
+    """Build the modules at once, a thread each: a module has only a few translation units, so building one at a
+    time leaves most cores idle; ninja and nvcc run outside the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
     torch = need("torch")
     fi = need("flashinfer.jit", "flashinfer")
     jit_env = fi.jit.env
@@ -587,23 +615,13 @@ def build_flashinfer(toolkit, backends):
         "version": getattr(fi, "__version__", None),
         "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST"),
         "workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR),
-        "modules": {},
     }
     specs = flashinfer_specs(fi, torch, backends)
-    for name, spec in specs.items():
-        entry = {"uri": spec.name, "aot_available": bool(spec.is_aot)}
-        began = time.perf_counter()
-        try:
-            spec.build(verbose=False)
-        except Exception as exc:  # a module that does not build is the finding, not a crash
-            entry.update(built=False, error=_ninja_error(exc))
-        else:
-            lib = str(spec.jit_library_path)
-            entry.update(built=os.path.exists(lib), so_bytes=os.path.getsize(lib) if os.path.exists(lib) else None)
-            entry["gencode"] = _ninja_gencodes(spec.ninja_path)
-            entry["elf"], _ = inspect_elf(toolkit, lib, dump_sass=False) if entry["built"] else (None, None)
-        entry["seconds"] = round(time.perf_counter() - began, 2)
-        out["modules"][name] = entry
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        futures = {name: pool.submit(_build_module, toolkit, spec) for name, spec in specs.items()}
+        out["modules"] = {name: future.result() for name, future in futures.items()}
+    out["seconds"] = round(time.perf_counter() - began, 2)
     return out, fi, specs
 
 
@@ -614,10 +632,12 @@ def run_built(fi, specs, index, workdir):
     from pathlib import Path
 
     fi.jit.env.FLASHINFER_AOT_DIR = Path(workdir) / "no-prebuilt"
-    before = set(os.listdir(fi.jit.env.FLASHINFER_JIT_DIR))
+    jit_dir = fi.jit.env.FLASHINFER_JIT_DIR
+    before = set(os.listdir(jit_dir)) if os.path.isdir(jit_dir) else set()
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)
     out = {"index": index, "uuid": f"GPU-{uuid}" if uuid is not None else None, "name": props.name}
+    out["sm"] = f"sm_{props.major}{props.minor}"
     for check in ("flashinfer_single_decode", "flashinfer_single_prefill", "flashinfer_batch_decode"):
         began = time.perf_counter()
         try:
@@ -628,7 +648,8 @@ def run_built(fi, specs, index, workdir):
         got["seconds"] = round(time.perf_counter() - began, 3)
         out[check] = got
     built = {spec.name for spec in specs.values()}
-    out["extra_modules"] = sorted(set(os.listdir(fi.jit.env.FLASHINFER_JIT_DIR)) - before - built)
+    after = set(os.listdir(jit_dir)) if os.path.isdir(jit_dir) else set()
+    out["extra_modules"] = sorted(after - before - built - {"tmp"})  # tmp holds flashinfer's build locks
     return out
 
 
@@ -645,7 +666,13 @@ def check_build(target, variants, prefill_backends, workdir, run_index, **_):
     except Exception as exc:
         result["flashinfer"] = {"error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]}
         return result
-    if run_index is not None and run_index >= 0:
+    if run_index is None or run_index < 0:
+        return result
+    failed = sorted(name for name, mod in result["flashinfer"]["modules"].items() if not mod.get("built"))
+    if failed:
+        # running would only compile them again, within this check's time, and fail the same way
+        result["run"] = {"index": run_index, "not_run": f"modules that did not build: {', '.join(failed)}"}
+    else:
         result["run"] = run_built(fi, specs, run_index, workdir)
     return result
 
