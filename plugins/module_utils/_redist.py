@@ -28,7 +28,10 @@ MANIFEST_KEYS = ("release_date", "release_label", "release_product")
 ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tar.bz2", ".tgz", ".tar")
 _RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _LISTED_RE = re.compile(r"redistrib_([0-9]+\.[0-9]+\.[0-9]+)\.json")
-_SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+_SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")
+_SIZE_RE = re.compile(r"-?[0-9]+")
+# NVIDIA's per-CUDA variants of one platform's archive: {"linux-x86_64": {"cuda13.1": {...}}} (cuda_variant).
+_VARIANT_RE = re.compile(r"cuda[0-9]+(\.[0-9]+)*")
 # Components NVIDIA renamed between releases (13.3 ships CCCL as "cccl"; 13.2 and before as "cuda_cccl").
 # A profile naming the other one gets a hint instead of a bare "not in the manifest".
 COMPONENT_ALIASES = {
@@ -101,10 +104,13 @@ def _is_archive(item) -> bool:
 
 
 def _variants(item) -> dict:
-    """A platform object holding per-CUDA archives ({"cuda13.1": {...}}), as NVIDIA writes cuda_variant entries."""
+    """A platform object holding per-CUDA archives ({"cuda13.1": {...}}), as NVIDIA writes cuda_variant entries.
+
+    Keyed by name, not by content, so a damaged variant is reported as such instead of as a damaged archive.
+    """
     if not isinstance(item, dict) or "relative_path" in item:
         return {}
-    return {key: value for key, value in item.items() if _is_archive(value)}
+    return {key: value for key, value in item.items() if _VARIANT_RE.fullmatch(key) and isinstance(value, dict)}
 
 
 def platforms_of(manifest: dict, component: str) -> list[str]:
@@ -136,21 +142,23 @@ def _alias_hint(manifest: dict, component: str, label: str) -> str | None:
 
 
 def _check_components(manifest: dict, components, label: str) -> None:
-    known = components_of(manifest)
-    damaged = [c for c in components if c in manifest and c not in known]
+    # A component is an object; anything else under a component's name (not a top-level key) is a damaged entry.
+    damaged = [c for c in components if c in manifest and c not in MANIFEST_KEYS and not isinstance(manifest[c], dict)]
     if damaged:
         raise RedistError(
             "; ".join(
-                f"{label}: {c} has no version (entry: {str(manifest[c])[:120]}); {_refetch_fix(label)}" for c in damaged
+                f"{label}: {c} is {str(manifest[c])[:120]!r}, not a component entry; {_refetch_fix(label)}"
+                for c in damaged
             ),
             kind="bad_entry",
         )
-    unknown = [c for c in components if c not in known]
+    unknown = [c for c in components if not isinstance(manifest.get(c), dict)]
     if not unknown:
         return
-    hints = [h for h in (_alias_hint(manifest, c, label) for c in unknown) if h]
-    plain = [c for c in unknown if not _alias_hint(manifest, c, label)]
-    parts = list(hints)
+    known = components_of(manifest)
+    hinted = {c: _alias_hint(manifest, c, label) for c in unknown}
+    parts = [hint for hint in hinted.values() if hint]
+    plain = [c for c in unknown if not hinted[c]]
     if plain:
         parts.append(
             f"component(s) {', '.join(plain)} not in {label}; remove them from cuda.components"
@@ -202,41 +210,46 @@ def _cuda_version(release) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+def _wanted_variants(release) -> list[str]:
+    version = _cuda_version(release)
+    return [f"cuda{version[0]}.{version[1]}", f"cuda{version[0]}"] if version else []
+
+
 def pick_variant(variants, release) -> str | None:
     """The variant for this CUDA release: cudaX.Y, else cudaX, else the only one of major X."""
+    for wanted in _wanted_variants(release):
+        if wanted in variants:
+            return wanted
     version = _cuda_version(release)
     if not version:
         return None
-    major, minor = version
-    for wanted in (f"cuda{major}.{minor}", f"cuda{major}"):
-        if wanted in variants:
-            return wanted
-    same_major = [v for v in variants if re.fullmatch(rf"cuda{major}(\.[0-9]+)*", v)]
+    same_major = [v for v in variants if re.fullmatch(rf"cuda{version[0]}(\.[0-9]+)*", v)]
     return same_major[0] if len(same_major) == 1 else None
 
 
 def _archive(manifest: dict, component: str, platform: str, label: str, release: str | None = None) -> dict:
     entry = manifest[component]
     key = _platform_key(entry, platform)
-    item, where, variant = entry[key], key, None
+    item, variant = entry[key], None
+    # A linux-all archive serves every platform: name both, so an error says which host platform met it.
+    where = key if key == platform else f"{key} (for {platform})"
     variants = _variants(item)
     if variants:
         release = release or manifest.get("release_label")
         variant = pick_variant(variants, release)
         if variant is None:
-            version = _cuda_version(release)
-            wanted = f"cuda{version[0]}" if version else "a cudaX variant"
+            wanted = " or ".join(_wanted_variants(release)) or "a cudaX.Y variant"
             raise RedistError(
-                f"{label}: {component} is shipped per CUDA version (cuda_variant) and its {key} variants are"
-                f" {', '.join(sorted(variants))}, none for {wanted} (release {release!r}); remove {component} from"
-                " the profile's cuda.components, or set cuda.release to a release whose manifest has that variant",
+                f"{label}: {component} is shipped per CUDA version (cuda_variant) and its {where} variants are"
+                f" {', '.join(sorted(variants))}, none of them {wanted} (release {release!r}); remove {component}"
+                " from the profile's cuda.components, or set cuda.release to a release whose manifest has that variant",
                 kind="variant",
             )
-        item, where = variants[variant], f"{key}/{variant}"
+        item, where = variants[variant], f"{where}/{variant}"
     return {
         "component": component,
         "name": entry.get("name", component),
-        "version": entry["version"],
+        "version": _version_field(entry, component, where, label),
         "platform": platform,
         "variant": variant,
         "relative_path": _relative_path(item, component, where, label),
@@ -246,12 +259,20 @@ def _archive(manifest: dict, component: str, platform: str, label: str, release:
     }
 
 
-def _bad_field(label, component, where, field, item, problem, fix=None) -> RedistError:
+def _bad_field(label, component, where, field, item, problem) -> RedistError:
     value = f"{item[field]!r}" if field in item else "missing"
     return RedistError(
-        f"{label}: {component} {where} field {field!r} is {value} ({problem}); {fix or _refetch_fix(label)}",
+        f"{label}: {component} {where} field {field!r} is {value} ({problem}); {_refetch_fix(label)}",
         kind="bad_entry",
     )
+
+
+def _version_field(entry: dict, component: str, where: str, label: str) -> str:
+    version = entry.get("version")
+    if not isinstance(version, str) or not version.strip():
+        # version belongs to the component, not the platform; `where` still says which plan met it.
+        raise _bad_field(label, component, where, "version", entry, "version.json and the host model need it")
+    return version
 
 
 def _relative_path(item: dict, component: str, where: str, label: str) -> str:
@@ -263,22 +284,50 @@ def _relative_path(item: dict, component: str, where: str, label: str) -> str:
     return rel
 
 
+def sha256_problem(sha) -> str | None:
+    """Why `sha` is not a usable sha256 (64 hex digits, either case), or None."""
+    if sha is None:
+        return "the archive cannot be verified without it"
+    if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
+        return "not 64 hexadecimal digits"
+    return None
+
+
+def size_problem(size) -> str | None:
+    """Why `size` is not a byte count, or None. NVIDIA writes sizes as strings of digits; an int is accepted
+    too, bool (an int subclass) is not."""
+    if isinstance(size, bool) or not isinstance(size, (int, str)) or not _SIZE_RE.fullmatch(str(size)):
+        return "not a whole number of bytes"
+    if int(size) < 0:
+        return "a negative byte count"
+    return None
+
+
 def _sha256_field(item: dict, component: str, where: str, label: str) -> str:
-    sha = item.get("sha256")
-    if not isinstance(sha, str) or not _SHA256_RE.match(sha):
-        problem = "the archive cannot be verified without it" if sha is None else "not 64 hexadecimal digits"
+    problem = sha256_problem(item.get("sha256"))
+    if problem:
         raise _bad_field(label, component, where, "sha256", item, problem)
-    return sha.lower()
+    return item["sha256"].lower()
 
 
 def _size_field(item: dict, component: str, where: str, label: str) -> int:
-    size = item.get("size")
-    # NVIDIA writes sizes as strings of digits; an int is accepted too, bool (an int subclass) is not.
-    if isinstance(size, bool) or not isinstance(size, (int, str)) or not re.fullmatch(r"-?[0-9]+", str(size).strip()):
-        raise _bad_field(label, component, where, "size", item, "not a whole number of bytes")
-    if int(size) < 0:
-        raise _bad_field(label, component, where, "size", item, "a negative byte count")
-    return int(size)
+    problem = size_problem(item.get("size"))
+    if problem:
+        raise _bad_field(label, component, where, "size", item, problem)
+    return int(item["size"])
+
+
+def check_release(manifest: dict, release: str, label: str | None = None) -> None:
+    """Raise unless the manifest is the one of `release` (its release_label), e.g. another release's file copied
+    under this name into a mirror."""
+    have = manifest.get("release_label")
+    if have != release:
+        name = manifest_name(release)
+        raise RedistError(
+            f"{label or name}: release_label is {have!r}, not {release!r}: the file under this name is not the"
+            f" manifest of CUDA {release}; {_refetch_fix(name)}",
+            kind="release_mismatch",
+        )
 
 
 def top_dir(relative_path: str) -> str:

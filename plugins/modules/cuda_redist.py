@@ -132,8 +132,15 @@ def check_archives(module, archives):
         missing = [key for key in ARCHIVE_KEYS if key not in archive]
         if missing:
             problems.append(f"archives[{index}] ({archive.get('component', '?')}) lacks {', '.join(missing)}")
-        elif isinstance(archive["size"], bool) or not str(archive["size"]).isdigit():
-            problems.append(f"archives[{index}] ({archive['component']}) has size {archive['size']!r}")
+            continue
+        for field, problem in (
+            ("size", rd.size_problem(archive["size"])),
+            ("sha256", rd.sha256_problem(archive["sha256"])),
+        ):
+            if problem:
+                problems.append(
+                    f"archives[{index}] ({archive['component']}) has {field} {archive[field]!r} ({problem})"
+                )
     if problems:
         module.fail_json(
             msg="; ".join(problems) + ". Pass the plan of gpufleet.upgrade.cuda_redist_fetch for this host's platform"
@@ -163,7 +170,7 @@ def preflight(module, dest, archives):
         )
 
 
-def build(module, staging, archives):
+def build(module, staging, archives, manifest):
     archive_dir = module.params["archive_dir"]
     for archive in archives:
         path = os.path.join(archive_dir, os.path.basename(archive["relative_path"]))
@@ -177,7 +184,7 @@ def build(module, staging, archives):
             archive["size"],
             label=path,
             component=archive["component"],
-            manifest=rd.manifest_name(module.params["release"]),
+            manifest=manifest,
         )
         rd.extract_archive(path, archive["top_dir"], staging)
 
@@ -250,6 +257,12 @@ def main():
     )
     p = module.params
     dest, release, archives = p["dest"].rstrip("/"), p["release"], p["archives"]
+    manifest = None
+    try:
+        # The manifest's name, for errors; checked before anything else so check mode refuses a bad release too.
+        manifest = rd.manifest_name(release)
+    except rd.RedistError as exc:
+        module.fail_json(msg=f"{exc}. Nothing was installed", kind=exc.kind)
     check_archives(module, archives)
     components = [a["component"] for a in archives]
     status = tk.target_status(dest, release, components)
@@ -276,7 +289,7 @@ def main():
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     try:
-        build(module, staging, archives)
+        build(module, staging, archives, manifest)
         write_metadata(staging, release, archives, rd.version_json(archives, release))
         if p["verify_nvcc"] and "cuda_nvcc" in components:
             result["nvcc_version"] = check_nvcc(module, staging, release)

@@ -268,6 +268,8 @@ def host_platforms(hosts):
 
 
 def plan_for(manifest, platforms, p, label):
+    # The release decides the file name and the cuda_variant picked: a manifest of another release must not plan.
+    rd.check_release(manifest, p["release"], label)
     per_platform = {}
     for platform in sorted(set(platforms.values())):
         try:

@@ -9,9 +9,12 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import tarfile
+from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _redist as rd
 
@@ -258,3 +261,223 @@ def test_extract_refuses_wrong_layout(tmp_path):
     with pytest.raises(rd.RedistError) as info:
         rd.extract_archive(path, "e-archive", str(dest))
     assert info.value.kind == "layout"
+
+
+# --- NVIDIA's real manifests (tests/data/redist, see its README) and the shipped profiles ---
+
+REPO = Path(__file__).resolve().parents[4]
+REDIST_DATA = REPO / "tests" / "data" / "redist"
+PLATFORMS = ("linux-x86_64", "linux-sbsa")
+
+
+def real(release):
+    """A recorded manifest, parsed as the modules parse it; a fresh copy each call, so tests may break it."""
+    name = f"redistrib_{release}.json"
+    return rd.parse_manifest((REDIST_DATA / name).read_bytes(), name)
+
+
+def profile_cuda(profile):
+    return yaml.safe_load((REPO / "stacks" / f"{profile}.yml").read_text())["cuda"]
+
+
+def recorded_release(cuda):
+    """The profile's release when it is recorded, else the one recorded release of its CUDA version."""
+    if (REDIST_DATA / f"redistrib_{cuda['release']}.json").is_file():
+        return cuda["release"]
+    same = [p.stem.split("_", 1)[1] for p in REDIST_DATA.glob(f"redistrib_{cuda['version']}.*.json")]
+    assert len(same) == 1, f"record one manifest of CUDA {cuda['version']} in {REDIST_DATA}"
+    return same[0]
+
+
+@pytest.mark.parametrize("profile", ["cu130", "cu128"])
+def test_real_manifest_plans_the_profile_components_with_nvidia_fields(profile):
+    cuda = profile_cuda(profile)
+    manifest = real(recorded_release(cuda))
+    per_platform = rd.plan(manifest, cuda["components"], PLATFORMS)
+    assert sorted(per_platform) == sorted(PLATFORMS)
+    for platform, archives in per_platform.items():
+        assert [a["component"] for a in archives] == cuda["components"]
+        for archive in archives:
+            entry = manifest[archive["component"]]
+            item = entry[platform]
+            assert archive["version"] == entry["version"]
+            assert archive["name"] == entry["name"]
+            assert archive["relative_path"] == item["relative_path"]
+            assert archive["relative_path"].startswith(f"{archive['component']}/{platform}/")
+            assert archive["sha256"] == item["sha256"]  # NVIDIA writes lower case: nothing to normalise
+            assert archive["size"] == int(item["size"])
+            assert archive["variant"] is None
+            assert archive["top_dir"] + ".tar.xz" == posixpath.basename(item["relative_path"])
+
+
+def test_real_13_0_2_totals_match_the_recorded_figures():
+    # The sums recorded when the manifest was first read (shared stack notes), for the nine components the cu130
+    # profile had then: a check of the data, so the list is fixed here rather than read from the profile.
+    nine = ["cuda_nvcc", "cuda_crt", "libnvvm", "cuda_cudart", "cuda_cccl", "cuda_nvrtc", "cuda_cupti"]
+    nine += ["cuda_nvml_dev", "libcublas"]
+    per_platform = rd.plan(real("13.0.2"), nine, PLATFORMS)
+    assert {p: sum(a["size"] for a in archives) for p, archives in per_platform.items()} == {
+        "linux-x86_64": 1_044_987_836,
+        "linux-sbsa": 1_213_413_272,
+    }
+
+
+def test_real_13_3_renamed_cccl_gives_the_hint_naming_both_names():
+    cuda = profile_cuda("cu130")
+    assert "cuda_cccl" in cuda["components"]
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(real("13.3.0"), cuda["components"], "linux-x86_64")
+    msg = str(info.value)
+    assert info.value.kind == "unknown_component"
+    assert "cuda_cccl is not in redistrib_13.3.0.json" in msg and "calls it 'cccl'" in msg
+    assert "cuda.components" in msg
+    assert "Components it offers" not in msg  # every unknown name had a hint
+    renamed = ["cccl" if c == "cuda_cccl" else c for c in cuda["components"]]
+    archives = rd.select(real("13.3.0"), renamed, "linux-sbsa")
+    assert [a["component"] for a in archives] == renamed
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(real("13.0.2"), renamed, "linux-x86_64")
+    assert "cccl is not in redistrib_13.0.2.json" in str(info.value) and "'cuda_cccl'" in str(info.value)
+
+
+@pytest.mark.parametrize(("release", "variant"), [("13.1.1", "cuda13.1"), ("13.3.0", "cuda13.3")])
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_real_cuda_compat_variant_is_picked_for_the_release(release, variant, platform):
+    manifest = real(release)
+    assert f"cuda{manifest['cuda_compat']['cuda_variant'][0]}" == variant
+    (archive,) = rd.select(manifest, ["cuda_compat"], platform)
+    item = manifest["cuda_compat"][platform][variant]
+    assert archive["variant"] == variant
+    assert (archive["relative_path"], archive["sha256"], archive["size"]) == (
+        item["relative_path"],
+        item["sha256"],
+        int(item["size"]),
+    )
+    assert archive["version"] == manifest["cuda_compat"]["version"]
+    assert rd.select(manifest, ["cuda_compat"], platform, release=release) == [archive]
+
+
+def test_real_cuda_compat_without_a_fitting_variant_is_a_clear_error():
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(real("13.1.1"), ["cuda_compat"], "linux-x86_64", release="12.8.2")
+    msg = str(info.value)
+    assert info.value.kind == "variant"
+    for words in ("redistrib_13.1.1.json", "cuda_compat", "linux-x86_64", "cuda13.1", "cuda12.8 or cuda12", "'12.8.2'"):
+        assert words in msg
+    assert "cuda.components" in msg and "cuda.release" in msg
+
+
+def test_cuda_variant_two_of_the_major_and_none_exact_is_not_guessed():
+    manifest = real("13.1.1")
+    variants = manifest["cuda_compat"]["linux-sbsa"]
+    item = variants.pop("cuda13.1")
+    variants["cuda13.0"], variants["cuda13.2"] = dict(item), dict(item)
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(manifest, ["cuda_compat"], "linux-sbsa")
+    assert info.value.kind == "variant"
+    assert "cuda13.0, cuda13.2" in str(info.value) and "cuda13.1 or cuda13" in str(info.value)
+
+
+def test_real_component_without_the_platform_names_what_it_offers():
+    # 12.8's cuda_compat is the Jetson (L4T) package: linux-aarch64 only.
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(real("12.8.2"), ["cuda_nvcc", "cuda_compat"], "linux-sbsa")
+    assert info.value.kind == "platform"
+    assert "no linux-sbsa archive for cuda_compat (it offers linux-aarch64)" in str(info.value)
+
+
+def test_real_linux_all_archive_serves_every_platform_once():
+    manifest = real("13.0.2")
+    per_platform = rd.plan(manifest, ["driver_assistant", "cuda_nvcc"], PLATFORMS)
+    shared = {p: archives[0] for p, archives in per_platform.items()}
+    assert {a["relative_path"] for a in shared.values()} == {manifest["driver_assistant"]["linux-all"]["relative_path"]}
+    assert {p: a["platform"] for p, a in shared.items()} == {p: p for p in PLATFORMS}
+    assert len(rd.unique_archives(per_platform)) == 3  # one driver_assistant, two cuda_nvcc
+
+
+def test_real_manifest_release_label_is_checked():
+    rd.check_release(real("13.0.2"), "13.0.2")
+    manifest = real("13.0.2")
+    manifest["release_label"] = "13.0.1"
+    with pytest.raises(rd.RedistError) as info:
+        rd.check_release(manifest, "13.0.2", "http://mirror/redist/redistrib_13.0.2.json")
+    msg = str(info.value)
+    assert info.value.kind == "release_mismatch"
+    assert "http://mirror/redist/redistrib_13.0.2.json" in msg and "'13.0.1'" in msg and "'13.0.2'" in msg
+    assert "copy redistrib_13.0.2.json again" in msg
+
+
+BAD_ENTRY_FIX = "copy redistrib_13.0.2.json again from the profile's redist source (cuda.sources.redist)"
+
+
+MISSING = object()
+
+
+@pytest.mark.parametrize(
+    ("field", "broken", "problem"),
+    [
+        ("sha256", lambda sha: MISSING, "the archive cannot be verified without it"),
+        ("sha256", lambda sha: sha[:63], "not 64 hexadecimal digits"),
+        ("sha256", lambda sha: sha + "\n", "not 64 hexadecimal digits"),
+        ("size", lambda size: "-1", "a negative byte count"),
+        ("size", lambda size: "12a", "not a whole number of bytes"),
+        ("size", lambda size: True, "not a whole number of bytes"),
+        ("relative_path", lambda rel: "../x", "it points outside the redist tree"),
+        ("relative_path", lambda rel: MISSING, "no archive path"),
+    ],
+)
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_real_entry_broken_in_one_field_names_label_component_platform_field_value_fix(
+    platform, field, broken, problem
+):
+    manifest = real("13.0.2")
+    item = manifest["cuda_nvcc"][platform]
+    value = broken(item.pop(field))
+    if value is not MISSING:
+        item[field] = value
+    with pytest.raises(rd.RedistError) as info:
+        rd.plan(manifest, profile_cuda("cu130")["components"], [platform])
+    msg = str(info.value)
+    shown = "missing" if value is MISSING else repr(value)
+    assert info.value.kind == "bad_entry"
+    assert f"redistrib_13.0.2.json: cuda_nvcc {platform} field {field!r} is {shown} ({problem})" in msg
+    assert BAD_ENTRY_FIX in msg
+    assert msg.count("field ") == 1  # only the broken entry is reported; the other components plan
+
+
+def test_real_entry_without_version_names_the_field():
+    manifest = real("13.0.2")
+    del manifest["libnvvm"]["version"]
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(manifest, profile_cuda("cu130")["components"], "linux-sbsa")
+    msg = str(info.value)
+    assert info.value.kind == "bad_entry"
+    assert "redistrib_13.0.2.json: libnvvm linux-sbsa field 'version' is missing" in msg and BAD_ENTRY_FIX in msg
+
+
+def test_real_entry_not_an_object_is_a_damaged_entry():
+    manifest = real("13.0.2")
+    manifest["cuda_nvcc"] = manifest["cuda_nvcc"]["version"]
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(manifest, ["cuda_nvcc"], "linux-x86_64")
+    assert info.value.kind == "bad_entry"
+    assert "cuda_nvcc is '13.0.88', not a component entry" in str(info.value) and BAD_ENTRY_FIX in str(info.value)
+
+
+def test_real_upper_case_sha256_is_accepted_and_lower_cased():
+    manifest = real("13.0.2")
+    nvidia = manifest["cuda_cudart"]["linux-x86_64"]["sha256"]
+    manifest["cuda_cudart"]["linux-x86_64"]["sha256"] = nvidia.upper()
+    (archive,) = rd.select(manifest, ["cuda_cudart"], "linux-x86_64")
+    assert archive["sha256"] == nvidia and nvidia != nvidia.upper()
+
+
+def test_real_broken_linux_all_and_variant_entries_say_where():
+    manifest = real("13.1.1")
+    del manifest["driver_assistant"]["linux-all"]["sha256"]
+    del manifest["cuda_compat"]["linux-sbsa"]["cuda13.1"]["size"]
+    with pytest.raises(rd.RedistError) as info:
+        rd.select(manifest, ["driver_assistant", "cuda_compat"], "linux-sbsa")
+    msg = str(info.value)
+    assert "driver_assistant linux-all (for linux-sbsa) field 'sha256' is missing" in msg
+    assert "cuda_compat linux-sbsa/cuda13.1 field 'size' is missing" in msg
