@@ -24,7 +24,7 @@ options:
     type: path
     required: true
   release:
-    description: CUDA release (C(13.0.2)); C(version.json) records it.
+    description: CUDA release, C(X.Y.Z) (C(13.0.2)); C(version.json) records it. Checked first, in check mode too.
     type: str
     required: true
   archives:

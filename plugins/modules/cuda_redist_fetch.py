@@ -14,8 +14,14 @@ description:
     O(components) exists for the platform of every host in O(hosts), and with O(download) fetches each
     archive not yet in O(cache_dir), verifying size and sha256 against the manifest before keeping it.
   - Cached archives are verified again each run; a bad one is fetched anew. A partial download is never kept.
-  - Errors say which host, which value and what to do (wrong release, unknown component, platform missing
-    from the manifest, mirror unreachable or answering HTML, truncated or altered archive).
+  - Errors say which host, which value and what to do (wrong release, unknown component or one NVIDIA renamed
+    such as C(cuda_cccl) -> C(cccl) in 13.3, platform missing from the manifest, another release's manifest under
+    the name, an entry with a missing or bad C(sha256), C(size), C(relative_path) or C(version), no
+    C(cuda_variant) archive for the release, mirror unreachable or answering HTML, truncated or altered archive).
+    A manifest with such an entry is not cached.
+  - Components shipped per CUDA version (C(cuda_variant), e.g. C(cuda_compat) from 13.1) get the archive of
+    O(release)'s C(cudaX.Y) (else C(cudaX)); the plan's C(variant) names it. C(linux-all) archives serve every
+    platform.
   - In check mode nothing is written; the manifest is read into memory and the archives that would be
     fetched are reported.
 version_added: 0.1.0
@@ -92,7 +98,9 @@ release_label:
   returned: success
   type: str
 plan:
-  description: Platform to the archives it needs (component, name, version, relative_path, sha256, size, top_dir).
+  description:
+    - Platform to the archives it needs (component, name, version, platform, variant, relative_path, sha256, size,
+      top_dir). C(sha256) is lower case; C(size) an int; C(variant) the C(cudaX.Y) archive picked, else null.
   returned: success
   type: dict
 platforms:
