@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: upgrade_summary
 type: aggregate
-short_description: Per-host summary of a gpufleet upgrade or rollback run
+short_description: Progress, per-host summary and fleet report of a gpufleet upgrade, audit or rollback run
 version_added: 0.1.0
 description:
   - Collects the C(gpufleet_upgrade_report) fact that C(playbooks/upgrade.yml) and C(playbooks/rollback.yml) publish for
@@ -15,6 +15,12 @@ description:
     "rolled back, <reason>", "failed preflight, <reason>") and what each phase did, then the totals per outcome
     kind (the report's C(outcome_kind); a report without one counts as unknown).
   - Also prints hosts that became unreachable before they could report.
+  - While the run goes, prints each batch as it starts (batch k of n and its hosts) and each host as it reports, with
+    the batch's hosts done and failed.
+  - At the end writes the fleet report into the run's folder (fact C(gpufleet_run_dir)) - C(report.json),
+    C(report.md), C(report.html), C(junit.xml) (C(plugins/plugin_utils/_fleet_report.py)) - and prints its path.
+    Phase durations and downtime come from what it saw during the run, so the report exists only where this
+    callback is enabled; C(playbooks/audit.yml) publishes C(gpufleet_audit_report), reported the same way.
   - Enable it with C(callbacks_enabled = gpufleet.upgrade.upgrade_summary) in ansible.cfg.
 requirements:
   - enable in configuration
@@ -30,10 +36,22 @@ options:
 """
 
 import json  # noqa: E402
+import time  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+from ansible.utils.helpers import pct_to_int  # noqa: E402
 
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _fleet_report  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._outcome import REPORT_ORDER, report_kind  # noqa: E402
+
+# The facts a host publishes that the fleet report is built from (docs/design.md lists each).
+REPORT_FACTS = ("gpufleet_upgrade_report", "gpufleet_audit_report")
+ROLE_FACTS = ("preflight_report", "assess_result", "postcheck_baseline", "postcheck_result")
+RUN_DIR_FACT = "gpufleet_run_dir"
+# The phase the upgrade notes in memory (playbooks/tasks/phase.yml): {name, completed}; its changes time the phases.
+PHASE_FACT = "__gpufleet_phase"
+SYSTEMD_ACTIONS = ("ansible.builtin.systemd_service", "ansible.builtin.systemd", "systemd_service", "systemd")
+SCRIPT_ACTIONS = ("ansible.builtin.script", "script")
 
 
 def render(reports, unreachable=()):
@@ -60,24 +78,144 @@ def render(reports, unreachable=()):
     return "\n".join(lines)
 
 
+def batch_sizes(serial, count):
+    """Sizes of the batches Ansible cuts ``count`` hosts into for a play's ``serial`` (its own algorithm)."""
+    serial = list(serial or []) or [-1]
+    sizes, left, item = [], count, 0
+    while left > 0:
+        size = pct_to_int(serial[item], count)
+        size = left if size <= 0 else min(size, left)
+        sizes.append(size)
+        left -= size
+        item = min(item + 1, len(serial) - 1)
+    return sizes
+
+
+def _role_of(task):
+    role = getattr(task, "_role", None)
+    return role.get_name().split(".")[-1] if role is not None else ""
+
+
+def serving_event(task, result):
+    """'down' when role serving stopped or restarted the unit, 'up' when its /health wait answered, else None."""
+    if _role_of(task) != "serving":
+        return None
+    if task.action in SYSTEMD_ACTIONS and result.get("changed") and result.get("state") in ("stopped", "restarted"):
+        return "down"
+    if task.action in SCRIPT_ACTIONS and "wait_healthy" in str(task.args):
+        return "up"
+    return None
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
     CALLBACK_NAME = "gpufleet.upgrade.upgrade_summary"
     CALLBACK_NEEDS_ENABLED = True
 
-    def __init__(self, display=None, options=None):
+    def __init__(self, display=None, options=None, clock=time.time):
         super().__init__(display=display, options=options)
-        self.reports = {}
+        self.clock = clock
+        self.reports = {}  # host -> gpufleet_upgrade_report (the summary)
+        self.published = {}  # host -> the report of either kind (the fleet report)
+        self.facts = {}  # host -> {role fact: value}
+        self.timelines = {}  # host -> [(t, event, name)]
+        self.run_dirs = {}  # host -> its run's folder on the controller
         self.unreachable = set()
+        self.started = {}  # (host, task uuid) -> when the task started on the host
+        self.batch = None  # {"play", "k", "n", "hosts"} of the serial play's batch in flight
+        self.report_paths = []
+
+    def _event(self, host, what, name=""):
+        self.timelines.setdefault(host, []).append((self.clock(), what, name))
+
+    # --- progress per batch -----------------------------------------------------------------------------------
+
+    def v2_playbook_on_play_start(self, play):
+        if not play.serial:
+            self.batch = None
+            return
+        inventory = play.get_variable_manager()._inventory
+        batch = [h.get_name() for h in inventory.get_hosts(play.hosts)]
+        everyone = inventory.get_hosts(play.hosts, ignore_restrictions=True)
+        k = self.batch["k"] + 1 if self.batch and self.batch["play"] == play._uuid else 1
+        n = len(batch_sizes(play.serial, len(everyone)))
+        self.batch = {"play": play._uuid, "k": k, "n": n, "hosts": batch}
+        self._display.display(f"gpufleet: batch {k} of {n}: {', '.join(batch)} ({len(batch)} host(s))")
+
+    def _progress(self, host, report):
+        line = f"gpufleet: {host}: {report.get('outcome', 'unknown')}"
+        if self.batch and host in self.batch["hosts"]:
+            kinds = [report_kind(self.reports[h]) for h in self.batch["hosts"] if h in self.reports]
+            done = sum(1 for kind in kinds if kind.ok)
+            failed = sum(1 for kind in kinds if kind.counts_as_failure)
+            line += (
+                f" (batch {self.batch['k']} of {self.batch['n']}: {done} done, {failed} failed,"
+                f" {len(self.batch['hosts']) - len(kinds)} to go)"
+            )
+        self._display.display(line)
+
+    # --- what the hosts publish and when ----------------------------------------------------------------------
+
+    def v2_runner_on_start(self, host, task):
+        self.started[(host.get_name(), task._uuid)] = self.clock()
 
     def v2_runner_on_ok(self, result):
-        report = (result._result.get("ansible_facts") or {}).get("gpufleet_upgrade_report")
-        if isinstance(report, dict):
-            self.reports[result._host.get_name()] = report
+        host = result._host.get_name()
+        facts = result._result.get("ansible_facts") or {}
+        phase = facts.get(PHASE_FACT)
+        if isinstance(phase, dict) and phase.get("name"):
+            self._event(host, "phase_end" if phase.get("completed") else "phase_start", str(phase["name"]))
+        for name in ROLE_FACTS:
+            if name in facts:
+                self.facts.setdefault(host, {})[name] = facts[name]
+        if facts.get(RUN_DIR_FACT):
+            self.run_dirs[host] = str(facts[RUN_DIR_FACT])
+        since = self.started.pop((host, result._task._uuid), None)
+        serving = serving_event(result._task, result._result)
+        if serving:
+            # The unit went down when the task that stopped it started; it was back when the wait answered.
+            when = since if serving == "down" and since is not None else self.clock()
+            self.timelines.setdefault(host, []).append((when, serving, result._task.get_name()))
+        for name in REPORT_FACTS:
+            report = facts.get(name)
+            if isinstance(report, dict):
+                self.published[host] = report
+                self._event(host, "report")
+                if name == "gpufleet_upgrade_report":
+                    self.reports[host] = report
+                    self._progress(host, report)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        if not ignore_errors:
+            self._event(result._host.get_name(), "failed", result._task.get_name())
 
     def v2_runner_on_unreachable(self, result):
         self.unreachable.add(result._host.get_name())
+        self._event(result._host.get_name(), "failed", result._task.get_name())
+
+    # --- the end ----------------------------------------------------------------------------------------------
+
+    def write_reports(self):
+        """The fleet report of each run folder the hosts named; returns the paths written."""
+        folders = {}
+        for host, folder in self.run_dirs.items():
+            folders.setdefault(folder, []).append(host)
+        # A host that never reported (unreachable) belongs to the run all the same.
+        if len(folders) == 1:
+            only = next(iter(folders))
+            folders[only] = sorted(set(folders[only]) | (self.unreachable - set(self.published)))
+        written = []
+        for folder, hosts in folders.items():
+            try:
+                records = [
+                    _fleet_report.host_record(h, self.published.get(h), self.facts.get(h), self.timelines.get(h))
+                    for h in sorted(hosts)
+                ]
+                written += _fleet_report.write(folder, _fleet_report.fleet(records))
+            except (OSError, _fleet_report.ReportError) as exc:
+                self._display.warning(f"gpufleet: the fleet report could not be written to {folder}: {exc}")
+        return written
 
     def v2_playbook_on_stats(self, stats):
         text = render(self.reports, self.unreachable)
@@ -87,3 +225,7 @@ class CallbackModule(CallbackBase):
         if path:
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump({"hosts": self.reports, "unreachable": sorted(self.unreachable)}, handle, indent=2)
+        self.report_paths = self.write_reports()
+        for html in (p for p in self.report_paths if p.endswith("report.html")):
+            folder = html.rsplit("/", 1)[0]
+            self._display.display(f"gpufleet report: {html} (also report.json, report.md, junit.xml in {folder})")
