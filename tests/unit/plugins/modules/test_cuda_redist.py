@@ -26,15 +26,19 @@ def call(module, args, check=False):
     return info.type is Exit, info.value.args[0]
 
 
-def mirror_of(tmp_path, release, edit=None, name=None):
+def recorded(release):
+    return json.loads((REDIST_DATA / f"redistrib_{release}.json").read_text())
+
+
+def mirror_of(tmp_path, release, edit=None):
     """A file:// redist tree holding one recorded manifest (archives absent: download=false never reads them)."""
-    manifest = json.loads((REDIST_DATA / f"redistrib_{release}.json").read_text())
+    manifest = recorded(release)
     if edit:
         edit(manifest)
     root = tmp_path / "mirror"
     root.mkdir()
-    (root / (name or f"redistrib_{release}.json")).write_text(json.dumps(manifest, indent=4))
-    return root, manifest
+    (root / f"redistrib_{release}.json").write_text(json.dumps(manifest, indent=4))
+    return root
 
 
 def fetch_args(root, tmp_path, release, components):
@@ -50,7 +54,7 @@ def fetch_args(root, tmp_path, release, components):
 
 def test_fetch_plans_the_cu130_profile_from_the_real_manifest_for_both_platforms(tmp_path):
     cuda = yaml.safe_load((REPO / "stacks" / "cu130.yml").read_text())["cuda"]
-    root, manifest = mirror_of(tmp_path, cuda["release"])
+    root, manifest = mirror_of(tmp_path, cuda["release"]), recorded(cuda["release"])
     ok, res = call(cuda_redist_fetch, fetch_args(root, tmp_path, cuda["release"], cuda["components"]))
     assert ok, res
     assert res["platforms"] == {"h200-1": "linux-x86_64", "gh200-1": "linux-sbsa"}
@@ -64,7 +68,7 @@ def test_fetch_plans_the_cu130_profile_from_the_real_manifest_for_both_platforms
 
 
 def test_fetch_picks_cuda_compat_variant_of_the_release(tmp_path):
-    root, manifest = mirror_of(tmp_path, "13.1.1")
+    root, manifest = mirror_of(tmp_path, "13.1.1"), recorded("13.1.1")
     ok, res = call(cuda_redist_fetch, fetch_args(root, tmp_path, "13.1.1", ["cuda_nvcc", "cuda_compat"]))
     assert ok, res
     compat = res["plan"]["linux-sbsa"][1]
@@ -73,8 +77,8 @@ def test_fetch_picks_cuda_compat_variant_of_the_release(tmp_path):
 
 
 def test_fetch_refuses_another_releases_manifest_under_the_name_and_caches_nothing(tmp_path):
-    root, _ = mirror_of(tmp_path, "13.0.2", edit=lambda m: m.update(release_label="13.0.1"))
-    ok, res = call(cuda_redist_fetch, fetch_args(root, tmp_path, "13.0.2", ["cuda_nvcc"]), check=False)
+    root = mirror_of(tmp_path, "13.0.2", edit=lambda m: m.update(release_label="13.0.1"))
+    ok, res = call(cuda_redist_fetch, fetch_args(root, tmp_path, "13.0.2", ["cuda_nvcc"]))
     assert not ok and res["kind"] == "release_mismatch"
     assert "release_label is '13.0.1', not '13.0.2'" in res["msg"] and root.as_uri() in res["msg"]
     assert not (tmp_path / "cache").exists()
@@ -84,7 +88,7 @@ def test_fetch_bad_entry_of_the_real_manifest_names_the_host_and_caches_nothing(
     def break_sbsa_size(manifest):
         manifest["cuda_nvcc"]["linux-sbsa"]["size"] = "-1"
 
-    root, _ = mirror_of(tmp_path, "13.0.2", edit=break_sbsa_size)
+    root = mirror_of(tmp_path, "13.0.2", edit=break_sbsa_size)
     ok, res = call(cuda_redist_fetch, fetch_args(root, tmp_path, "13.0.2", ["cuda_nvcc"]))
     assert not ok and res["kind"] == "bad_entry"
     assert res["msg"].startswith("host(s) gh200-1 (linux-sbsa):")
@@ -93,7 +97,7 @@ def test_fetch_bad_entry_of_the_real_manifest_names_the_host_and_caches_nothing(
 
 
 def test_fetch_cccl_rename_hint_on_the_real_13_3_manifest(tmp_path):
-    root, _ = mirror_of(tmp_path, "13.3.0")
+    root = mirror_of(tmp_path, "13.3.0")
     ok, res = call(cuda_redist_fetch, fetch_args(root, tmp_path, "13.3.0", ["cuda_nvcc", "cuda_cccl"]))
     assert not ok and res["kind"] == "unknown_component"
     assert "cuda_cccl is not in" in res["msg"] and "calls it 'cccl'" in res["msg"]
@@ -101,7 +105,7 @@ def test_fetch_cccl_rename_hint_on_the_real_13_3_manifest(tmp_path):
 
 def planned_archive(release="13.0.2", component="cuda_nvcc", platform="linux-x86_64"):
     """One archive as cuda_redist_fetch plans it, from the recorded manifest."""
-    manifest = json.loads((REDIST_DATA / f"redistrib_{release}.json").read_text())
+    manifest = recorded(release)
     item = manifest[component][platform]
     return {
         "component": component,
