@@ -624,7 +624,7 @@ def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Tar
                 key: [
                     str(req)
                     for req in declared_requirements(meta_cache[cand.filename], target)
-                    if canonicalize_name(req.name) in overrides
+                    if canonicalize_name(req.name) in overrides and str(req.specifier)  # a bare name pins nothing
                 ]
                 for key, cand in chosen.items()
             }

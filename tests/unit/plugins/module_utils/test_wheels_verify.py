@@ -67,3 +67,57 @@ def test_torch_like_cuda_is_compared_with_the_profile(tmp_path):
     out = json.loads(proc.stdout)
     assert proc.returncode == 1
     assert out["failures"] == ["fake_torch.version.cuda is '12.8', the profile's CUDA is '13.0'"]
+
+
+def fake_dist(site, name, version, requires=()):
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [
+        f"Requires-Dist: {r}" for r in requires
+    ]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    (info / "RECORD").write_text("")
+    (info / "INSTALLER").write_text("uv\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+
+
+def test_pip_check_conflicts_are_accepted_only_for_overridden_packages(tmp_path):
+    """A real venv (uv venv) holding what an overridden stack holds: sglang pinning torch 2.9.1 next to torch 2.11."""
+    uv = Path(sys.executable).with_name("uv")
+    venv = tmp_path / "venv"
+    subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    fake_dist(site, "sglang", "0.5.9", ["torch==2.9.1", "flashinfer-python==0.6.3"])
+    fake_dist(site, "torch", "2.11.0+cu130")
+    fake_dist(site, "flashinfer-python", "0.6.4")
+    spec = {"packages": {"torch": "2.11.0+cu130", "flashinfer-python": "0.6.4"}}
+
+    def run(overrides):
+        proc = subprocess.run(
+            [str(python), str(SCRIPT), json.dumps(dict(spec, overrides=overrides)), str(uv)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return proc.returncode, json.loads(proc.stdout)
+
+    rc, out = run(["torch", "flashinfer_python"])
+    assert rc == 0 and out["ok"], out
+    assert sorted(out["checks"]["pip_check_overridden"]) == [
+        "The package `sglang` requires `flashinfer-python==0.6.3`, but `0.6.4` is installed",
+        "The package `sglang` requires `torch==2.9.1`, but `2.11.0+cu130` is installed",
+    ]
+    rc, out = run(["torch"])
+    assert rc == 1 and out["failures"] == [
+        "uv pip check: The package `sglang` requires `flashinfer-python==0.6.3`, but `0.6.4` is installed"
+    ]
+    rc, out = run([])
+    assert rc == 1 and "torch==2.9.1" in out["failures"][0] and "flashinfer-python==0.6.3" in out["failures"][0]

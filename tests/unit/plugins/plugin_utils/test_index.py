@@ -197,3 +197,15 @@ def test_download_with_hash_mismatch_leaves_nothing(server, tmp_path):
     assert "says sha256 " + "0" * 64 in str(err.value)
     assert hashlib.sha256(b"re-uploaded content").hexdigest() in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pip_style_file_index_directory_is_read_through_its_index_html(tmp_path):
+    """A local PEP 503 tree (simple/<project>/index.html), as pip reads it from a file:// URL."""
+    project = tmp_path / "simple" / "lab-torch"
+    project.mkdir(parents=True)
+    name = "lab_torch-2.11.0+cu130-py3-none-any.whl"
+    (project / "index.html").write_text(f'<a href="../../files/{name}#sha256={"AB" * 32}">{name}</a>')
+    cands = ix.Fetcher().listing("local", (tmp_path / "simple").as_uri(), "lab-torch")
+    assert [(c.filename, c.sha256) for c in cands] == [(name, "ab" * 32)]
+    assert cands[0].url == f"file://{tmp_path}/files/{name}"
+    assert ix.directory_index("http://127.0.0.1:1/simple/x/") == "http://127.0.0.1:1/simple/x/"
