@@ -75,8 +75,9 @@ def uv_compile(
 ) -> list:
     """Resolve ``requirements`` with uv over the profile's indexes; returns pylock packages (name, version, files).
 
-    ``overrides`` (requirement strings, the profile's wheels.overrides) go to uv as ``--overrides``: they replace
-    what any package's METADATA pins on those packages, dependencies of dependencies included."""
+    ``overrides`` (requirement strings: the profile's wheels.overrides, a chosen profile package as ``name @ url``)
+    go to uv as ``--overrides``: they replace what any package's METADATA pins on those packages, dependencies of
+    dependencies included."""
     indexes = wheels["indexes"]
     default = next((i for i in indexes if i.get("is_default")), indexes[-1])
     args = [uv, "pip", "compile", "--no-config", "--no-build", "--quiet", "--default-index", default["url"]]
@@ -162,15 +163,19 @@ def make_lock(
                 f"index {cand.index!r} lists {cand.filename} without a sha256; the lock requires hashes."
                 " Use an index that publishes hashes (PEP 503 #sha256= or PEP 691 hashes)."
             )
-    if wheelhouse:
-        pins = []
-        for cand in chosen.values():
+    pins = {}
+    for key, cand in chosen.items():
+        if wheelhouse:
             path = os.path.join(wheelhouse, cand.filename)
             fetcher.download(cand.url, path, cand.sha256)
-            pins.append(f"{cand.project} @ {pathlib.Path(path).resolve().as_uri()}")
-    else:
-        pins = [f"{c.project} @ {c.url}" for c in chosen.values()]
-    overrides = [str(o.requirement) for o in rules.overrides.values()]
+            pins[key] = f"{cand.project} @ {pathlib.Path(path).resolve().as_uri()}"
+        else:
+            pins[key] = f"{cand.project} @ {cand.url}"
+    # uv applies an override to the direct requirements too: an overridden profile package is overridden with the
+    # very file the plan chose (a version override would send uv back to the indexes for it), any other package
+    # with the profile's requirement.
+    overrides = [pins.get(key, str(o.requirement)) for key, o in rules.overrides.items()]
+    pins = list(pins.values())
     packages = lock_entries(uv_compile(uv, pins, wheels, target, overrides=overrides), chosen, target, "dependency")
     tool_entries = lock_entries(uv_compile(uv, list(tools), wheels, target), {}, target, "tool") if tools else []
     digest = lock_hash(packages, target)

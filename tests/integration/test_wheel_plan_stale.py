@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -105,6 +106,9 @@ def indexes(tmp_path_factory):
     build_wheel(own, "flashinfer-jit-cache", "0.6.4+cu130", age_days=20)
     build_wheel(own, "flashinfer-jit-cache", "0.6.3+cu130", age_days=40, meta_version="0.6.3")
     build_wheel(own, "six", "1.17.0", age_days=300)
+    # An application that pins an older flashinfer and a six the index does not carry, as sglang 0.5.9 pins
+    # flashinfer 0.6.3 and torch 2.9.1: only overrides make a plan with flashinfer 0.6.4 possible.
+    build_wheel(own, "serve-app", "1.0", age_days=10, requires=("flashinfer-python==0.2.14", "six==1.16.0"))
     build_wheel(own, "uv", "0.13.8", age_days=30)
     servers = {"nightly": IndexServer(nightly), "own": IndexServer(own)}
     yield servers
@@ -208,3 +212,89 @@ def test_wheelhouse_fetches_each_wheel_once_and_reuses_it(indexes, tmp_path):
     assert second["fetched"] == [] and sorted(second["reused"]) == names
     assert second_fetcher.requests == 0
     assert wp.verify_wheelhouse(lock, str(tmp_path / "wh")) == []
+
+
+def override_profile(indexes, overrides):
+    prof = profile(indexes, spec="==0.6.4", order=("own",))
+    prof["wheels"]["packages"] = [
+        prof["wheels"]["packages"][0],
+        {"name": "serve-app", "spec": "==1.0", "indexes": ["own"]},
+    ]
+    prof["wheels"]["rules"]["same_version"] = []
+    prof["wheels"]["overrides"] = overrides
+    return prof
+
+
+def test_overrides_replace_pins_in_the_plan_and_in_uvs_resolution_and_the_venv_passes_its_check(indexes, tmp_path):
+    with pytest.raises(w.PlanError, match=r"requires flashinfer-python==0\.2\.14, but no eligible"):
+        wp.make_lock(override_profile(indexes, []), TARGET, ix.Fetcher(timeout=10), wp.find_uv())
+    overrides = [
+        {"requirement": "flashinfer-python==0.6.4", "reason": "the stack runs 0.6.4"},
+        {"requirement": "six>=1.17", "reason": "1.16 is not on the index"},
+    ]
+    lock = wp.make_lock(override_profile(indexes, overrides), TARGET, ix.Fetcher(timeout=10), wp.find_uv())
+    versions = {e["name"]: (e["version"], e["role"]) for e in lock["packages"]}
+    # six is no profile package: uv's --overrides replaced serve-app's six==1.16.0.
+    assert versions == {
+        "flashinfer-python": ("0.6.4", "profile"),
+        "serve-app": ("1.0", "profile"),
+        "six": ("1.17.0", "dependency"),
+    }
+    assert lock["overrides"] == [
+        {
+            "requirement": "flashinfer-python==0.6.4",
+            "reason": "the stack runs 0.6.4",
+            "replaced": [{"by": "serve_app-1.0-py3-none-any.whl", "pin": "flashinfer-python==0.2.14"}],
+        },
+        {
+            "requirement": "six>=1.17",
+            "reason": "1.16 is not on the index",
+            "replaced": [{"by": "serve_app-1.0-py3-none-any.whl", "pin": "six==1.16.0"}],
+        },
+    ]
+    assert "override six>=1.17: 1.16 is not on the index; replaces six==1.16.0 (by serve_app-1.0-py3-none-any.whl)" in (
+        wp.report_lines(lock)
+    )
+    # Installed as the hosts install (uv pip sync --require-hashes from the lock), the venv passes verify_venv with
+    # the overrides and fails without them: uv pip check itself knows no overrides.
+    uv = wp.find_uv()
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    wheelhouse = tmp_path / "wh"
+    wp.fetch_wheelhouse(ix.Fetcher(timeout=10), lock, str(wheelhouse))
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text(w.requirements_text(lock["packages"]))
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "sync",
+            "-q",
+            "--no-config",
+            "--python",
+            str(venv / "bin" / "python"),
+            "--require-hashes",
+            "--no-index",
+            "--find-links",
+            str(wheelhouse),
+            str(reqs),
+        ],
+        check=True,
+    )
+    script = Path(__file__).resolve().parents[2] / "roles" / "venv_rebuild" / "files" / "verify_venv.py"
+    spec = {"packages": {e["name"]: e["version"] for e in lock["packages"]}}
+
+    def verify(names):
+        proc = subprocess.run(
+            [str(venv / "bin" / "python"), str(script), json.dumps(dict(spec, overrides=names)), uv],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return proc.returncode, json.loads(proc.stdout)
+
+    rc, out = verify(["flashinfer-python", "six"])
+    assert rc == 0, out
+    assert len(out["checks"]["pip_check_overridden"]) == 2
+    rc, out = verify([])
+    assert rc == 1 and "requires `six==1.16.0`" in out["failures"][0]
