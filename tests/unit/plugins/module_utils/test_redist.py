@@ -195,6 +195,29 @@ def test_verify_file_good_truncated_and_tampered(tmp_path):
     assert info.value.kind == "sha256" and good in str(info.value)
 
 
+def test_verify_file_tells_a_wrong_manifest_size_from_a_bad_download(tmp_path):
+    data = b"x" * 1000
+    path = tmp_path / "cuda_nvcc.tar.xz"
+    path.write_bytes(data)
+    good = hashlib.sha256(data).hexdigest()
+    # Same sha256, other size: the manifest is wrong, and another run would fail the same way.
+    for listed in (900, 1100):
+        with pytest.raises(rd.RedistError) as info:
+            rd.verify_file(str(path), good, listed, component="cuda_nvcc", manifest="redistrib_13.0.2.json")
+        msg = str(info.value)
+        assert (
+            info.value.kind == "manifest_size"
+            and "is 1000 bytes, while the size field in redistrib_13.0.2.json" in msg
+        )
+        assert f"says {listed}" in msg and "running again will not help" in msg
+    # Another sha256 and larger than listed: another file under this name, not a cut download.
+    path.write_bytes(data + b"extra")
+    with pytest.raises(rd.RedistError) as info:
+        rd.verify_file(str(path), good, 1000, component="cuda_nvcc")
+    assert info.value.kind == "size" and "1005 bytes, larger than the 1000 bytes" in str(info.value)
+    assert "serves another file" in str(info.value)
+
+
 def make_archive(path, top, files, extra_members=()):
     with tarfile.open(path, "w:xz") as tar:
         for name, content in files.items():
