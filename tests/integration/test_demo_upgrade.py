@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,14 @@ def test_audit_upgrade_audit(fleet, run_playbook, node_exec, tmp_path):
     assert text.count("upgraded") >= len(fleet.nodes), text
     # The benchmark before and after: the stand-in serves EAGLE-3 at 54.1 tok/s on the old stack, 96.1 on the new.
     assert text.count("speculative decoding") == len(fleet.nodes), text
+    # The fleet report (callback upgrade_summary) lies in the run's folder beside the hosts' reports.
+    reports = ("report.json", "report.md", "report.html", "junit.xml")
+    assert {
+        name
+        for t in upgrade.tasks("Publish the host's report")
+        for name in reports
+        if (Path(t.res["ansible_facts"]["gpufleet_run_dir"]) / name).is_file()
+    } == set(reports), upgrade
 
     again = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, diff=True)
     assert again.rc == 0, again

@@ -307,3 +307,18 @@ def test_write_puts_every_report_file_in_the_run_folder(doc, tmp_path):
     assert sorted(Path(p).name for p in written) == sorted(fr.REPORT_FILES)
     assert json.loads((tmp_path / "runs" / RUN / "report.json").read_text())["hosts"][0]["host"] == "n1"
     assert not list((tmp_path / "runs" / RUN).glob(".*.tmp"))
+
+
+def test_the_textfile_filter_builds_the_same_record_from_the_host_facts():
+    parser = pytest.importorskip("prometheus_client.parser")
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.gpufleet.upgrade.plugins.filter.fleet_report import fleet_textfile
+
+    report, facts, _timeline = upgraded_host("n1")
+    text = fleet_textfile(report, facts["postcheck_result"], now=T0)
+    assert text == fr.textfile(fr.host_record("n1", report, {"postcheck_result": facts["postcheck_result"]}), T0)
+    samples = {f.name: f.samples[0].value for f in parser.text_string_to_metric_families(text)}
+    assert samples["gpufleet_postcheck_output_tokens_per_second"] == 96.1
+    with pytest.raises(AnsibleFilterError, match=r"fleet_textfile: .*not a dict"):
+        fleet_textfile(["upgraded"])
