@@ -16,8 +16,17 @@ description:
     C(upload-time), else from C(devYYYYMMDD) versions, else from the file's C(Last-Modified).
   - Picks per package the newest build that satisfies the spec, the CUDA local tag, the hosts' Python and platform.
     Records every candidate seen per index with version, date and the reason it was not chosen.
-  - Flags a stale source (its newest build older than C(rules.max_age_days), or more than C(rules.stale_gap_days)
-    behind another source of the same package) and refuses to pick from it unless C(allow_stale) is set.
+  - Flags a stale source (its newest build older than C(rules.max_age_days), more than C(rules.stale_gap_days)
+    behind another source of the same package, or C(rules.stale_version_gap) or more releases behind another
+    source's newest release, dated or not) and refuses to pick from it unless C(allow_stale) is set. A source none
+    of whose builds can be dated and that no version gap condemns is reported C(undatable) and refused or allowed
+    by C(undatable) (per package or in C(rules); unset, refused for packages with a C(local_tag)).
+  - HEAD requests for C(Last-Modified) go only to the builds whose date the plan reads (those passing the spec and
+    tag filters, and the newest fitting release of each source), eight at a time.
+  - C(wheels.overrides) (each a requirement and its reason) replace what any package's METADATA pins on their
+    package, as uv's C(--override) does (and they are passed to uv); the report and the lock list every override
+    with the pins of the chosen wheels it replaced. The venv's verify step accepts C(uv pip check) conflicts on
+    overridden packages only.
   - Cross-package rules come from the profile and the wheels, never from code. Members of each
     C(rules.same_version) group get the same public version (the FlashInfer trio). Pins one profile package's
     METADATA puts on another (a kernel wheel's exact torch pin) are honoured. A wheel whose METADATA version
@@ -117,8 +126,14 @@ lock:
       description: Wheels of the hosts' tools venv, same fields.
       type: list
       elements: dict
+    overrides:
+      description: The profile's overrides, each with C(requirement), C(reason) and C(replaced) (C(by) the chosen
+        wheel whose METADATA declared C(pin)).
+      type: list
+      elements: dict
     report:
-      description: Per profile package the choice, why, the sources with staleness and every candidate seen.
+      description: Per profile package the choice, why, the sources with staleness (C(stale), C(undatable),
+        C(reason), C(newest), C(newest_release)), the pins overrides replaced and every candidate seen.
       type: dict
     wheelhouse:
       description: Controller folder holding every locked wheel.
