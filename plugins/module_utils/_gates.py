@@ -41,13 +41,18 @@ def _gpu_label(gpu) -> str:
     return f"GPU {gpu.get('index')} ({gpu.get('name') or 'name unknown'}, {gpu.get('uuid') or 'uuid unknown'})"
 
 
+def _nvml_said(facts, field) -> str:
+    error = (facts.get("errors") or {}).get(field, {}).get("error")
+    return f"NVML answered: {error}" if error else "NVML answered no version"
+
+
 def _driver(facts, minimum, host, profile):
     seen = facts.get("driver_version")
     verdict = below(seen, minimum)
     if verdict is None:
         return (
             f"{host}: the NVIDIA driver version reads {seen!r}, which cannot be compared with the minimum {minimum}"
-            f" of profile {profile}; fix: check the driver with nvidia-smi (NVML answered no version)"
+            f" of profile {profile}; fix: check the driver with nvidia-smi ({_nvml_said(facts, 'driver_version')})"
         )
     if verdict:
         return (
@@ -64,6 +69,7 @@ def _cuda_driver(facts, minimum, host, profile):
         return (
             f"{host}: the CUDA version the driver supports reads {seen!r}, which cannot be compared with"
             f" {minimum} (profile {profile}, driver.min_cuda); fix: check the driver with nvidia-smi"
+            f" ({_nvml_said(facts, 'cuda_driver_version')})"
         )
     if verdict:
         return (
