@@ -10,8 +10,10 @@ multi-process all-reduce over gloo, and a corrupted kernel is caught.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
@@ -125,3 +127,66 @@ def test_cpu_orchestration_catches_a_corrupted_kernel():
     assert not ok
     assert "GPU 0 (cpu-rank-0): bf16_matmul: relative error" in result["msg"]
     assert len(result["failures"]) == 2  # both ranks
+
+
+# ------------------------------------------------------------------ build_targets: the module's plumbing
+
+DATA = Path(__file__).resolve().parents[3] / "data" / "device"
+RECORDED_BUILD = json.loads((DATA / "h200-build-sm90-sm120.json").read_text())["result"]
+CU130_PER_SM = [  # stacks/cu130.yml postcheck.smoke.per_sm
+    {"sm": "9.0", "prefill_backends": ["fa2", "fa3"], "expected_probes": ["is_sm90a_supported"]},
+    {"sm": "12.0", "prefill_backends": ["fa2"], "expected_probes": ["is_sm120a_supported"]},
+]
+
+
+def build_test(args):
+    with patch_module_args(dict({"python": sys.executable, "checks": ["build_targets"]}, **args)):
+        module = gpu_smoke_test.build_module()
+    env = _smoke.build_env({}, module.params["env"])
+    return module, gpu_smoke_test.SmokeTest(module.params, "/w.py", sys.executable, env)
+
+
+def test_build_targets_runs_one_worker_per_target_with_its_arch(monkeypatch):
+    module, test = build_test(
+        {"target_sms": ["12.0", "9.0"], "per_sm": CU130_PER_SM, "build_timeout_s": 123, "env": {"CUDA_HOME": "/c"}}
+    )
+    calls = []
+    recorded = RECORDED_BUILD["host_checks"]["build_targets"]["targets"]
+
+    def run_stream(argv, env, checks, timeout_s):
+        calls.append((argv, env, checks, timeout_s))
+        sm = argv[argv.index("--target") + 1]
+        return {checks[0]: recorded[sm]["raw"]}
+
+    monkeypatch.setattr(_smoke, "run_stream", run_stream)
+    torch_env = RECORDED_BUILD["torch"]
+    verdict = gpu_smoke_test.build_outcome(module, test, torch_env["devices"], torch_env)
+    assert verdict["status"] == "passed", verdict["message"]
+    assert [c[2] for c in calls] == [["build_sm_90"], ["build_sm_120"]] and {c[3] for c in calls} == {123}
+    sm90, sm120 = (c[0] for c in calls)
+    assert sm90[sm90.index("--variants") + 1] == "sm_90,sm_90a" and sm90[sm90.index("--run-index") + 1] == "0"
+    assert sm90[sm90.index("--prefill-backends") + 1] == "fa2,fa3"
+    assert sm120[sm120.index("--run-index") + 1] == "-1" and sm120[sm120.index("--prefill-backends") + 1] == "fa2"
+    env120 = calls[1][1]
+    assert env120["FLASHINFER_CUDA_ARCH_LIST"] == "12.0a" and env120["CUDA_HOME"] == "/c"
+    assert env120["FLASHINFER_WORKSPACE_BASE"].startswith(module.tmpdir)  # removed with the module's temp folder
+    assert env120["NCCL_NVLS_ENABLE"] == "0"
+    assert "built and inspected, not run (no SM 12.0 GPU on this host)" in verdict["targets"]["12.0"]["message"]
+
+
+def test_build_targets_refuses_a_target_that_is_no_sm():
+    module, test = build_test({"target_sms": ["sm120-ish"]})
+    with pytest.raises(Fail) as err:
+        gpu_smoke_test.build_outcome(module, test, [], {})
+    assert "target_sms: target SM 'sm120-ish' is not an SM" in err.value.args[0]["msg"]
+    assert "fix: give SMs as major.minor, e.g. 12.0" in err.value.args[0]["msg"]
+
+
+def test_build_targets_is_skipped_on_a_cpu_run():
+    module, test = build_test({"device": "cpu", "target_sms": ["12.0"]})
+    assert gpu_smoke_test.build_outcome(module, test, [], {})["status"] == "skipped"
+
+
+def test_per_sm_rejects_an_unknown_prefill_backend():
+    with patch_module_args({"per_sm": [{"sm": "12.0", "prefill_backends": ["fa4"]}]}), pytest.raises(Fail):
+        gpu_smoke_test.build_module()

@@ -116,3 +116,57 @@ def test_argument_spec_rejects_a_bad_threshold():
 def test_module_defaults_match_the_rules_defaults():
     spec = {k: v["default"] for k, v in nvml_info.THRESHOLD_SPEC.items()}
     assert spec == _nvml.DEFAULT_THRESHOLDS
+
+
+CU130_GATES = {
+    "host": "gpu-07",
+    "profile": "cu130",
+    "min_driver_version": "580.65.06",
+    "min_cuda_driver_version": "13.0",
+    "min_compute_capability": "7.5",
+}
+
+
+def test_gates_pass_on_the_h200_recording():
+    result, _nvml = run_fake({"gates": CU130_GATES})
+    assert result["gates"]["passed"] is True and result["gates"]["failures"] == []
+    assert result["gates"]["report"] == "ok: driver 580.159.04, CUDA 13.0, 1 GPU(s)"
+    assert result["changed"] is False and result["healthy"] is True  # health is judged as ever
+
+
+def test_gates_refuse_minimums_above_the_h200_naming_the_host():
+    gates = dict(CU130_GATES, profile="cu131", min_driver_version="590.48.01", min_cuda_driver_version="13.1")
+    result, _nvml = run_fake({"gates": gates})
+    failures = result["gates"]["failures"]
+    assert len(failures) == 2 and all(f.startswith("gpu-07: ") for f in failures)
+    assert "NVIDIA driver 580.159.04 is below 590.48.01, the minimum of profile cu131" in failures[0]
+    assert result["gates"]["gates"]["cuda_driver"] == {"seen": "13.0", "minimum": "13.1", "passed": False}
+    assert result["status"] == "healthy"  # a gate verdict, not a health verdict: the module itself does not fail
+
+
+def test_gates_are_absent_unless_asked_for():
+    result, _nvml = run_fake({})
+    assert "gates" not in result
+
+
+def test_gates_in_check_mode_are_the_same():
+    plain, _nvml = run_fake({"gates": CU130_GATES})
+    checked, _nvml = run_fake({"gates": CU130_GATES, "_ansible_check_mode": True})
+    assert checked["gates"] == plain["gates"] and checked["changed"] is False
+
+
+def test_without_nvml_the_failure_carries_the_gates_verdict():
+    def unusable():
+        raise _nvml.NvmlUnavailable("libnvidia-ml.so.1 was not found")
+
+    with patch_module_args({"gates": CU130_GATES}):
+        module = nvml_info.build_module()
+    with pytest.raises(Fail) as err:
+        nvml_info.run(module, nvml_loader=unusable)
+    gates = err.value.args[0]["gates"]
+    assert gates["passed"] is False
+    assert gates["failures"] == [
+        "gpu-07: NVML is not usable (libnvidia-ml.so.1 was not found); fix: install the NVIDIA driver (and"
+        " nvidia-ml-py for the Python that runs Ansible modules), or set gpufleet_gpu_required=false for hosts"
+        " without GPUs"
+    ]
