@@ -13,8 +13,14 @@ the smoke test's build check, through the collection's roles and modules with an
 2. gpu_smoke_test with the checks torch_cuda_version, arch_in_list, capability_probes and build_targets for the
    profile's gpu.target_sms (9.0, 12.0): sm_120 kernels are built and inspected, not run; the host's SM 9.0 is
    built, inspected and run.
-Carried wheels (.whl/): ansible-core and its needs, flashinfer-python 0.6.4, apache-tvm-ffi. Results land flat in
-OUTDIR: preflight.json, build.json, facts.json, playbooks.log. NVLink multicast stays off for everything started.
+Carried wheels (.whl/): ansible-core 2.19 and its needs (resolvelib, cryptography, cffi, pycparser), jsonschema and
+its needs (jsonschema-specifications, referencing, rpds-py) for the stack role, flashinfer-python 0.6.4 and
+apache-tvm-ffi. Results land flat in OUTDIR: preflight.json, build.json, facts.json, playbooks.log; committed as
+tests/data/device/h200-preflight-gates.json, h200-build-sm90-sm120.json, h200-sm120-readiness-facts.json and
+h200-sm120-readiness.log, replayed by tests/unit/plugins/module_utils/test_gates.py and test_smoke_build.py.
+NVLink multicast stays off for everything started.
+    device run (kind nvidia-h200, carry .whl, about 165 s):
+    set -o pipefail; PYTHONUNBUFFERED=1 python3 bench/sm120_readiness_device.py $OUT 2>&1 | tee $OUT/run.log
 """
 
 from __future__ import annotations
