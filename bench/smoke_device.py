@@ -5,7 +5,8 @@
 
     python3 bench/smoke_device.py OUTDIR [--runs 2] [--profile cu130]
 
-Installs the carried wheels (.whl/: ansible-core and its needs, flashinfer-python, apache-tvm-ffi), makes the
+Installs the carried wheels (.whl/: ansible-core and its needs, jsonschema and its needs for the stack role's
+profile validation, flashinfer-python, apache-tvm-ffi), makes the
 repository importable as the collection gpufleet.upgrade, records the raw NVML answers, then runs
 `ansible-playbook tests/integration/playbooks/postcheck_device.yml` against localhost (connection local) with
 the profile. The first run JIT-compiles flashinfer's kernels with the machine's nvcc; a second run shows the warm
