@@ -412,7 +412,7 @@ def sm_key(value) -> str | None:
         if not text.isdigit() or len(text) < 2:
             return None
         return f"{int(text[:-1])}.{text[-1]}"  # the last digit is the minor version: sm_120 -> 12.0
-    major, _, minor = text.partition(".")
+    major, minor = text.partition(".")[::2]
     if major.isdigit() and minor.isdigit() and len(minor) == 1:
         return f"{int(major)}.{minor}"
     if text.isdigit() and len(text) >= 2:

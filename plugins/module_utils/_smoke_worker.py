@@ -455,7 +455,7 @@ def _tail(text, limit=1500):
 
 
 def _run(argv, timeout=600, env=None):
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     return proc.returncode, proc.stdout, proc.stderr
 
 

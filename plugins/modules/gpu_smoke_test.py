@@ -29,7 +29,7 @@ description:
     runs the freshly built flashinfer kernels on it against torch SDPA (once every module built); the others are
     compiled and inspected, not run, and the result says so. Without C(cuobjdump) the SASS is reported not
     inspected rather than failed. The check fails, naming the target, for any target the stack cannot build for
-    (RV(host_checks.build_targets.cannot_build))."
+    (C(host_checks.build_targets.cannot_build))."
   - "Tolerances: C(bf16_matmul) relative Frobenius error <= O(tolerances.matmul_rel_err) (default 0.01) and cosine >=
     O(tolerances.min_cosine) (default 0.999); attention checks max abs error <= O(tolerances.attention_atol)
     (default 0.02), relative error <= O(tolerances.attention_rel_err) (default 0.01) (bf16 inputs and outputs
