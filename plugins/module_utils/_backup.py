@@ -167,6 +167,93 @@ def venv_family(path) -> str:
     return os.path.basename(os.path.normpath(path or "")).split(".repair-", 1)[0]
 
 
+def pinned_versions(lock_text) -> list:
+    """``[{name, version}]`` of a venv lock's ``name==version`` lines (no ``packaging`` needed: what a host-side
+    consistency check reads); other lines are left out."""
+    out = []
+    for line in freeze_lines(lock_text or ""):
+        requirement = line.split("#", 1)[0].split(" --hash", 1)[0].strip()
+        name, sep, version = requirement.partition("==")
+        if sep and name.strip() and version.strip() and "@" not in name:
+            out.append({"name": name.strip(), "version": version.strip().split(";", 1)[0].strip()})
+    return out
+
+
+def recorded_state(consistency, model=None) -> dict:
+    """What a backup records of the host it was taken from: the stack's own consistency (``_host_model.
+    stack_consistency``) and, when the upgrade assessed the host first, the model's verdict against its target
+    profile (``{profile, in_sync, on_profile, drift}``)."""
+    return {**consistency, "model": model or None}
+
+
+def recorded_state_problems(manifest) -> list:
+    """Why a backup's recorded state is not one to roll back to: its stack did not fit together, or it was taken
+    while the host ran its profile with drift (the backup before a repair). Backups without a record: none."""
+    state = manifest.get("state") or {}
+    problems = list(state.get("problems") or []) if state.get("consistent") is False else []
+    model = state.get("model") or {}
+    if model.get("on_profile") and model.get("in_sync") is False:
+        drift = "; ".join(model.get("drift") or []) or "drifted"
+        problems.append(f"taken while the host ran profile {model.get('profile')} with drift ({drift})")
+    return problems
+
+
+def rollback_choice(manifests, digest, venv_path=None) -> dict:
+    """The backup "roll back" restores by default: the newest that is a rollback target (``is_rollback_target``:
+    not the host as it is, not a re-run or repair on the present venv).
+
+    Returns ``{id, passed_over: [{id, why}], refused, alternatives}``. When that backup's recorded state was
+    inconsistent or drifted (``recorded_state_problems``) nothing is chosen: ``refused`` is ``{id, problems}`` and
+    ``alternatives`` the older targets whose record is clean; only naming a backup (rollback_backup_id) restores
+    such a state. Going further back silently could restore a stack from several upgrades ago.
+    """
+    out = {"id": None, "passed_over": [], "refused": None, "alternatives": []}
+    for manifest in sorted(manifests, key=lambda m: m["id"], reverse=True):
+        if not is_rollback_target(manifest, digest, venv_path):
+            out["passed_over"].append({"id": manifest["id"], "why": "the host as it is now, or a re-run or repair"})
+            continue
+        problems = recorded_state_problems(manifest)
+        if out["refused"] is not None:
+            if not problems:
+                out["alternatives"].append(manifest["id"])
+            continue
+        if problems:
+            out["refused"] = {"id": manifest["id"], "problems": problems}
+            continue
+        out["id"] = manifest["id"]
+        return out
+    return out
+
+
+def restore_differences(backed_up, now) -> list:
+    """What of a backup's snapshot the host does not match after a restore, in words: the venv (path and lock),
+    the global CUDA link and the alternatives choice, and every recorded file (content, kind, link target).
+    Toolkits are left out: a rollback keeps a new toolkit installed beside the old one."""
+    out = []
+    venv_then, venv_now = backed_up.get("venv") or {}, now.get("venv") or {}
+    if venv_then.get("path") != venv_now.get("path"):
+        out.append(f"serving venv: current is {venv_now.get('path')}, the backup had {venv_then.get('path')}")
+    elif venv_then.get("lock_sha256") != venv_now.get("lock_sha256"):
+        out.append(f"serving venv {venv_now.get('path')}: its packages differ from the backup's lock")
+    cuda_then, cuda_now = backed_up.get("cuda") or {}, now.get("cuda") or {}
+    if cuda_then.get("target") != cuda_now.get("target"):
+        out.append(
+            f"{cuda_now.get('link')}: points at {cuda_now.get('target')}, the backup had {cuda_then.get('target')}"
+        )
+    if cuda_then.get("alternatives") != cuda_now.get("alternatives"):
+        out.append(f"CUDA alternatives: {cuda_now.get('alternatives')}, the backup had {cuda_then.get('alternatives')}")
+    files_now = {f["path"]: f for f in now.get("files") or []}
+    for record in backed_up.get("files") or []:
+        got = files_now.get(record["path"], {"state": "absent"})
+        if got.get("state") != record["state"]:
+            out.append(f"{record['path']}: {got.get('state')}, the backup had {record['state']}")
+        elif record["state"] == "file" and got.get("sha256") != record.get("sha256"):
+            out.append(f"{record['path']}: content differs from the backup")
+        elif record["state"] == "link" and got.get("target") != record.get("target"):
+            out.append(f"{record['path']}: links to {got.get('target')}, the backup had {record.get('target')}")
+    return out
+
+
 def is_rollback_target(manifest, digest, venv_path=None) -> bool:
     """Whether a backup is what "roll back" means: the host as it was before it moved to what it runs now.
 
@@ -218,8 +305,9 @@ def snapshot_digest(snapshot) -> str:
     return sha256_text(canonical({key: snapshot.get(key) for key in RESTORABLE}))
 
 
-def build_manifest(backup_id, created, host, profile, run_id, snapshot, checksums, archive=None):
-    """``snapshot`` is what the host looked like; ``checksums`` covers every file of the backup folder."""
+def build_manifest(backup_id, created, host, profile, run_id, snapshot, checksums, archive=None, state=None):
+    """``snapshot`` is what the host looked like; ``checksums`` covers every file of the backup folder; ``state`` is
+    the verdict on that host when the backup was taken (``recorded_state``)."""
     return {
         "format": FORMAT_VERSION,
         "id": backup_id,
@@ -231,6 +319,7 @@ def build_manifest(backup_id, created, host, profile, run_id, snapshot, checksum
         "snapshot": snapshot,
         "checksums": checksums,
         "archive": archive,
+        "state": state,
     }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shlex
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._backup import canonical_name as canon
@@ -311,3 +312,54 @@ def judge(items) -> dict:
         "drifted": [entry["item"] for entry in items if not entry["ok"]],
         "items": list(items),
     }
+
+
+# --------------------------------------------------------------------------- a stack that fits together
+
+_CUDA_TAG = re.compile(r"^cu(?P<major>[0-9]+)(?P<minor>[0-9])$")
+
+
+def cuda_of_tag(version) -> str | None:
+    """'2.11.0+cu130' -> '13.0', '0.6.4+cu128' -> '12.8'; None without a CUDA local tag."""
+    local = str(version or "").partition("+")[2]
+    match = _CUDA_TAG.match(local)
+    return f"{int(match['major'])}.{match['minor']}" if match else None
+
+
+def stack_consistency(packages, env_text, toolkits, realpath=os.path.realpath) -> dict:
+    """Whether a host's serving stack fits together, whatever profile it came from: the serving environment's
+    CUDA_HOME is an installed toolkit, and every package of the venv built for one CUDA (local tag cuXYZ) was built
+    for that toolkit's CUDA X.Y. The check a backup records and a rollback repeats after restoring.
+
+    packages: ``[{name, version}]`` (the venv's lock as ``_backup.parse_lock`` reads it); env_text: the serving
+    environment file ("" when there is none; None: not known, the environment is not judged); toolkits:
+    ``[{path, version}]`` as the backup snapshot lists them.
+    Returns ``{consistent, problems: [words], cuda_home, cuda_version}``.
+    """
+    problems = []
+    env = parse_env(env_text) if env_text is not None else {}
+    home = env.get("CUDA_HOME")
+    by_path = {os.path.normpath(t["path"]): t for t in toolkits or ()}
+    toolkit = by_path.get(os.path.normpath(realpath(home))) if home else None
+    cuda = None
+    if home and toolkit is None:
+        installed = ", ".join(sorted(by_path)) or "none"
+        problems.append(
+            f"serving environment: CUDA_HOME is {home}, which is no installed toolkit (installed: {installed})"
+        )
+    elif toolkit is not None:
+        version = str(toolkit.get("version") or "")
+        cuda = ".".join(version.split(".")[:2]) or None
+        if cuda is None:
+            problems.append(f"serving environment: CUDA_HOME {home} has no readable version.json")
+    tagged = [(p["name"], p["version"], cuda_of_tag(p["version"])) for p in packages or () if cuda_of_tag(p["version"])]
+    if tagged and not home and env_text is not None:
+        shown = ", ".join(f"{name} {version}" for name, version, _cuda in tagged[:SHOWN_FILES])
+        problems.append(f"serving environment: no CUDA_HOME, while the venv holds CUDA builds ({shown})")
+    if cuda:
+        for name, version, built_for in tagged:
+            if built_for != cuda:
+                problems.append(
+                    f"serving venv: {name} {version} is built for CUDA {built_for}, CUDA_HOME {home} is CUDA {cuda}"
+                )
+    return {"consistent": not problems, "problems": problems, "cuda_home": home, "cuda_version": cuda}

@@ -59,6 +59,10 @@ options:
       - With O(unlike_digest), also pass over backups taken while the host ran this venv (the one C(current) points
         at now) or a repair of it (C(<venv>.repair-<run id>)), so that a backup of a re-run or a repair on the
         present profile is never what "roll back" restores; the default target is the host before its upgrade.
+      - When the backup so found records a state that was not consistent when it was taken (its C(state): a
+        C(CUDA_HOME) that is no toolkit or does not match the venv's CUDA builds, or drift on its profile), the
+        module fails and names it and the older backups with a clean record; naming it in O(backup_id) restores
+        it anyway (with a warning).
     type: path
   verify_scope:
     description: C(full) checks every file and the archive; C(lock) only the manifest and the venv lock (what a
@@ -103,6 +107,17 @@ backups:
   returned: always
   type: list
   elements: str
+passed_over:
+  description: Backups the default choice passed over, newest first, each with C(id) and C(why).
+  returned: always
+  type: list
+  elements: dict
+recorded_state_problems:
+  description: Why the backup's recorded state was not consistent when it was taken; empty when it was (or when
+    the backup records no state).
+  returned: when found
+  type: list
+  elements: str
 lock_checked:
   description: Whether the venv lock was parsed (needs C(packaging) where the module runs).
   returned: when found
@@ -121,22 +136,36 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as
 
 
 def newest_unlike(module, backups_dir, ids, digest, venv=None):
-    for backup_id in reversed(ids):
+    """_backup.rollback_choice over the host's backups, failing on an unreadable one or a refused state."""
+    host = module.params["host"]
+    manifests = []
+    for backup_id in ids:
         try:
-            manifest = bk.load_manifest(os.path.join(backups_dir, backup_id))
+            manifests.append(bk.load_manifest(os.path.join(backups_dir, backup_id)))
         except bk.BackupError as exc:
             module.fail_json(
-                msg=f"{module.params['host']}: backup {backup_id} is unusable: {exc}; nothing was changed; "
+                msg=f"{host}: backup {backup_id} is unusable: {exc}; nothing was changed; "
                 "fix: name a backup with rollback_backup_id, or move the broken one aside"
             )
-        if bk.is_rollback_target(manifest, digest, venv):
-            return backup_id
-    return None
+    choice = bk.rollback_choice(manifests, digest, venv)
+    refused = choice["refused"]
+    if refused:
+        older = ", ".join(choice["alternatives"]) or "none"
+        module.fail_json(
+            msg=f"{host}: refused: backup {refused['id']}, the one to roll back to, records a state that was not"
+            f" consistent when it was taken ({'; '.join(refused['problems'])}); nothing was changed; fix: name it"
+            f" with -e rollback_backup_id={refused['id']} to restore it anyway, or an older backup whose record"
+            f" is clean ({older})",
+            passed_over=choice["passed_over"],
+            backups=ids,
+        )
+    return choice
 
 
 def run(module):
     p = module.params
     host = p["host"]
+    passed_over = []
     backups_dir = p["backups_dir"] or os.path.join(p["state_dir"], "backups")
     ids = bk.list_backups(backups_dir)
     wanted = p["backup_id"]
@@ -146,16 +175,19 @@ def run(module):
                 "changed": False,
                 "found": False,
                 "backups": [],
+                "passed_over": [],
                 "msg": f"{host}: no backup under {backups_dir}: this host was never upgraded by gpufleet",
             }
         wanted = ids[-1]
         if p["unlike_digest"]:
-            wanted = newest_unlike(module, backups_dir, ids, p["unlike_digest"], p["unlike_venv"])
+            choice = newest_unlike(module, backups_dir, ids, p["unlike_digest"], p["unlike_venv"])
+            passed_over, wanted = choice["passed_over"], choice["id"]
             if wanted is None:
                 return {
                     "changed": False,
                     "found": False,
                     "backups": ids,
+                    "passed_over": passed_over,
                     "msg": f"{host}: every backup describes the host as it is now: nothing to roll back",
                 }
     folder = os.path.join(backups_dir, wanted)
@@ -186,10 +218,18 @@ def run(module):
                 msg=f"{host}: backup {wanted} does not verify: {'; '.join(problems)}; nothing was changed",
                 backups=ids,
             )
+    recorded = bk.recorded_state_problems(manifest)
+    if recorded and p["backup_id"]:
+        module.warn(
+            f"{host}: backup {wanted} records a state that was not consistent when it was taken"
+            f" ({'; '.join(recorded)}); restoring it because it was named"
+        )
     return {
         "changed": False,
         "found": True,
         "backup_id": wanted,
+        "passed_over": passed_over,
+        "recorded_state_problems": recorded,
         "path": folder,
         "manifest": manifest,
         "backups": ids,

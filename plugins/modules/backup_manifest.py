@@ -97,6 +97,17 @@ options:
     type: list
     elements: str
     default: []
+  env_file:
+    description:
+      - The serving unit's environment file (one of O(files)). Its C(CUDA_HOME) is held against the toolkits and
+        the venv's CUDA builds to record whether the stack fits together (RV(manifest.state)).
+    type: path
+  model:
+    description:
+      - The host model's verdict from just before the backup (role C(assess)'s C(assess_result) with the profile it
+        judged against), recorded in RV(manifest.state.model). A backup taken while the host ran its profile with
+        drift is not what a rollback restores by default.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -132,6 +143,14 @@ manifest:
   description: The manifest (as written, or as it would be written in check mode).
   returned: always
   type: dict
+  contains:
+    state:
+      description:
+        - The host when the backup was taken - C(consistent) and C(problems) (the serving environment's
+          C(CUDA_HOME) is an installed toolkit and every CUDA build of the venv is for that toolkit's CUDA),
+          C(cuda_home), C(cuda_version), and C(model) (O(model), or null).
+        - A reused backup keeps the record of when it was taken.
+      type: dict
 pruned:
   description: Backup ids removed by retention.
   returned: always
@@ -152,6 +171,7 @@ import shutil
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_model as hm
 
 FREEZE_SCRIPT = (
     "import importlib.metadata as m\n"
@@ -274,6 +294,23 @@ def snapshot(module):
     return {"venv": venv, "cuda": cuda, "files": files, "results": results}, lock_text
 
 
+def host_state_record(params, snap, lock_text):
+    """The verdict a backup records: does the stack fit together (the host model's stack_consistency), and the
+    model's verdict the upgrade passed in."""
+    env_text = None  # not given: the environment is not judged
+    if params["env_file"]:
+        try:
+            with open(params["env_file"], encoding="utf-8") as handle:
+                env_text = handle.read()
+        except FileNotFoundError:
+            env_text = ""  # no environment file: no CUDA_HOME
+        except OSError:
+            env_text = None
+    packages = bk.pinned_versions(lock_text) if lock_text else []
+    consistency = hm.stack_consistency(packages, env_text, snap["cuda"]["toolkits"])
+    return bk.recorded_state(consistency, params["model"])
+
+
 def machine_id():
     try:
         with open("/etc/machine-id", encoding="utf-8") as handle:
@@ -299,7 +336,7 @@ def newest_matching(backups_dir, digest, host):
     return manifest
 
 
-def write_backup(module, backups_dir, backup_id, created, snap, lock_text):
+def write_backup(module, backups_dir, backup_id, created, snap, lock_text, state=None):
     p = module.params
     partial = os.path.join(backups_dir, bk.PARTIAL_PREFIX + backup_id)
     os.makedirs(partial, mode=0o700)
@@ -325,7 +362,9 @@ def write_backup(module, backups_dir, backup_id, created, snap, lock_text):
             bk.remove_tree(partial)
             module.fail_json(msg=f"{p['host']}: {record['path']} changed while it was backed up; fix: re-run")
     host = {"name": p["host"], "machine_id": machine_id()}
-    manifest = bk.build_manifest(backup_id, created, host, p["profile"], p["run_id"], snap, checksums, archive)
+    manifest = bk.build_manifest(
+        backup_id, created, host, p["profile"], p["run_id"], snap, checksums, archive, state=state
+    )
     bk.write_manifest(partial, manifest)
     problems = bk.verify_backup(partial, manifest, check_lock=bk.HAS_PACKAGING)
     if problems:
@@ -340,6 +379,7 @@ def run(module):
     backups_dir = os.path.join(p["state_dir"], "backups")
     snap, lock_text = snapshot(module)
     digest = bk.snapshot_digest(snap)
+    state = host_state_record(p, snap, lock_text)
     ids_before = bk.list_backups(backups_dir)
     partials = bk.list_partials(backups_dir)
     result = {"changed": False, "reused": False, "pruned": [], "partials_removed": partials}
@@ -358,6 +398,7 @@ def run(module):
             p["run_id"],
             snap,
             {},
+            state=state,
         )
     ids_after = sorted(set(ids_before) | {backup_id})
     try:
@@ -370,7 +411,7 @@ def run(module):
         for name in partials:
             bk.remove_tree(os.path.join(backups_dir, name))
         if not reuse:
-            manifest = write_backup(module, backups_dir, backup_id, manifest["created"], snap, lock_text)
+            manifest = write_backup(module, backups_dir, backup_id, manifest["created"], snap, lock_text, state)
         for old in result["pruned"]:
             bk.remove_tree(os.path.join(backups_dir, old))
     result.update(backup_id=backup_id, path=os.path.join(backups_dir, backup_id), manifest=manifest)
@@ -401,6 +442,8 @@ def main():
             "archive": {"type": "bool", "default": False},
             "keep": {"type": "int", "default": 5},
             "protect": {"type": "list", "elements": "str", "default": []},
+            "env_file": {"type": "path"},
+            "model": {"type": "dict"},
         },
         supports_check_mode=True,
     )

@@ -127,3 +127,39 @@ def test_audit_of_one_host_under_limit(fleet, run_playbook):
     one = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, limit=fleet.nodes[1])
     assert one.rc == 0, one
     assert set(audits(one)) == {fleet.nodes[1]}
+
+
+def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_playbook, node_exec):
+    """After the repair, "roll back" means the host before its upgrade: never the backup of the drifted state
+    (node 2's, taken with the cu130 venv and CUDA_HOME of 12.8, is recorded inconsistent), and the restored host is
+    checked with the model: the backed-up venv, links and files, CUDA_HOME fitting the venv's CUDA builds, and the
+    server running with it."""
+    import json
+
+    newest = sh(node_exec, fleet.nodes[1], "ls /var/lib/gpufleet/backups | tail -1")
+    drifted = json.loads(sh(node_exec, fleet.nodes[1], f"cat /var/lib/gpufleet/backups/{newest}/manifest.json"))
+    assert drifted["state"]["model"]["on_profile"] is True and drifted["state"]["model"]["in_sync"] is False
+    assert drifted["state"]["consistent"] is False
+    assert any("built for CUDA 13.0, CUDA_HOME /usr/local/cuda-12.8" in p for p in drifted["state"]["problems"])
+
+    back = run_playbook(
+        "playbooks/rollback.yml",
+        fleet.inventory,
+        extravars={"rollback_server_info_url": "http://127.0.0.1:30000/get_server_info"},
+    )
+    assert back.rc == 0, back
+    chosen = {r.host: r.res for r in back.tasks("Read the backup")}
+    judged = {r.host: r.res["ansible_facts"]["rollback_check"] for r in back.tasks("Judge the restored host")}
+    for node in fleet.nodes:
+        assert chosen[node]["passed_over"], chosen[node]
+        assert newest not in chosen[node]["backup_id"] or node != fleet.nodes[1]
+        assert chosen[node]["manifest"]["state"]["consistent"] is True, chosen[node]["manifest"]["state"]
+        assert judged[node]["differences"] == [] and judged[node]["consistent"], judged[node]
+        assert judged[node]["cuda_home"] == "/usr/local/cuda-12.8", judged[node]
+        venv = sh(node_exec, node, "readlink -f /opt/gpufleet/serving/current")
+        torch = sh(
+            node_exec, node, f"{venv}/bin/python -c 'import importlib.metadata as m; print(m.version(\"lab-torch\"))'"
+        )
+        assert torch.endswith("+cu128"), (node, venv, torch)
+        info = json.loads(sh(node_exec, node, "curl -s http://127.0.0.1:30000/get_server_info"))
+        assert info["gpufleet_lab"]["cuda_home"] == "/usr/local/cuda-12.8", info["gpufleet_lab"]

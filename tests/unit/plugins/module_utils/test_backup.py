@@ -177,3 +177,84 @@ def test_rollback_target_is_the_host_before_it_moved_to_its_present_venv():
     assert backup.is_rollback_target(before_upgrade, "d3", now_venv)
     assert not backup.is_rollback_target(before_upgrade, "d1", now_venv)  # the host is already there
     assert backup.is_rollback_target(repair_backup, "d3")  # without the venv: the digest rule alone
+
+
+# --- which backup "roll back" restores --------------------------------------------------------------------
+
+
+def manifest(backup_id, digest, venv, consistent=True, problems=(), model=None):
+    state = {"consistent": consistent, "problems": list(problems), "model": model}
+    return {"id": backup_id, "digest": digest, "snapshot": {"venv": {"path": venv}}, "state": state}
+
+
+def test_rollback_choice_takes_the_newest_backup_before_the_present_venv():
+    backups = [
+        manifest("20260101T0000", "d-old", "/srv/venvs/lab-cu128"),
+        manifest("20260201T0000", "d-now", "/srv/venvs/lab-aaaa"),
+    ]
+    choice = bk.rollback_choice(backups, "d-now", "/srv/venvs/lab-aaaa")
+    assert choice["id"] == "20260101T0000" and choice["refused"] is None
+    assert [p["id"] for p in choice["passed_over"]] == ["20260201T0000"]
+
+
+def test_rollback_choice_refuses_a_backup_whose_recorded_state_was_inconsistent_and_names_clean_older_ones():
+    bad = "serving venv: lab-torch 2.11.0+cu130 is built for CUDA 13.0, CUDA_HOME /usr/local/cuda-12.8 is CUDA 12.8"
+    backups = [
+        manifest("20260101T0000", "d-0", "/srv/venvs/lab-cu128"),
+        manifest("20260115T0000", "d-1", "/srv/venvs/lab-cu128", consistent=False, problems=[bad]),
+        manifest("20260201T0000", "d-now", "/srv/venvs/lab-aaaa"),
+    ]
+    choice = bk.rollback_choice(backups, "d-now", "/srv/venvs/lab-aaaa")
+    assert choice["id"] is None
+    assert choice["refused"] == {"id": "20260115T0000", "problems": [bad]}
+    assert choice["alternatives"] == ["20260101T0000"]
+
+
+def test_a_backup_taken_on_the_profile_with_drift_is_refused_and_one_without_a_record_is_not():
+    drifted = {"profile": "lab", "in_sync": False, "on_profile": True, "drift": ["serving venv: six 1.17.0 missing"]}
+    backups = [manifest("20260101T0000", "d-0", "/srv/venvs/lab-old", model=drifted)]
+    choice = bk.rollback_choice(backups, "d-now", "/srv/venvs/lab-aaaa")
+    assert choice["refused"]["problems"] == [
+        "taken while the host ran profile lab with drift (serving venv: six 1.17.0 missing)"
+    ]
+    # Not on the profile (the host before its upgrade) is no drift: the model judged it against the target.
+    before = {"profile": "lab", "in_sync": False, "on_profile": False, "drift": ["serving venv link: ..."]}
+    assert bk.rollback_choice([manifest("1", "d-0", "/v/old", model=before)], "d-now", "/v/new")["id"] == "1"
+    legacy = {"id": "2", "digest": "d-0", "snapshot": {"venv": {"path": "/v/old"}}}
+    assert bk.rollback_choice([legacy], "d-now", "/v/new")["id"] == "2"
+
+
+def test_pinned_versions_reads_lock_and_freeze_lines():
+    text = "# tool: uv\nlab-torch==2.11.0+cu130 --hash=sha256:ab\nsix==1.17.0 ; python_version > '3'\npkg @ file:///x.whl\n"
+    assert bk.pinned_versions(text) == [
+        {"name": "lab-torch", "version": "2.11.0+cu130"},
+        {"name": "six", "version": "1.17.0"},
+    ]
+
+
+def snap(venv="/v/old", lock="l1", target="/usr/local/cuda-12.8", env_sha="e1", link_target=None):
+    files = [{"path": "/etc/gpufleet/gpufleet-serving.env", "state": "file", "sha256": env_sha}]
+    if link_target:
+        files.append({"path": "/etc/systemd/system/gpufleet-serving.service", "state": "link", "target": link_target})
+    return {
+        "venv": {"path": venv, "lock_sha256": lock},
+        "cuda": {"link": "/usr/local/cuda", "target": target, "alternatives": None, "toolkits": [{"path": target}]},
+        "files": files,
+    }
+
+
+def test_restore_differences_is_empty_for_the_restored_host_and_names_each_thing_that_differs():
+    before = snap(link_target="/srv/config/unit")
+    after = dict(snap(link_target="/srv/config/unit"))
+    after["cuda"] = dict(after["cuda"], toolkits=[{"path": "/usr/local/cuda-12.8"}, {"path": "/usr/local/cuda-13.0"}])
+    assert bk.restore_differences(before, after) == []  # a new toolkit beside the old one is no difference
+    wrong = snap(venv="/v/new", target="/usr/local/cuda-13.0", env_sha="e2", link_target="/elsewhere")
+    assert bk.restore_differences(before, wrong) == [
+        "serving venv: current is /v/new, the backup had /v/old",
+        "/usr/local/cuda: points at /usr/local/cuda-13.0, the backup had /usr/local/cuda-12.8",
+        "/etc/gpufleet/gpufleet-serving.env: content differs from the backup",
+        "/etc/systemd/system/gpufleet-serving.service: links to /elsewhere, the backup had /srv/config/unit",
+    ]
+    assert bk.restore_differences(before, snap(lock="l2", link_target="/srv/config/unit")) == [
+        "serving venv /v/old: its packages differ from the backup's lock"
+    ]

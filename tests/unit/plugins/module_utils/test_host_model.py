@@ -171,3 +171,56 @@ def test_gpus_and_the_verdict():
     assert verdict["drift"] == ["GPU health: GPU 3: 2 ECC errors"]
     assert verdict["drifted"] == ["gpus"]
     assert hm.judge(items[:1])["in_sync"] is True
+
+
+# --- a stack that fits together (what a backup records and a rollback re-checks) ---------------------------
+
+TOOLKITS = [
+    {"path": "/usr/local/cuda-12.8", "version": "12.8.1"},
+    {"path": "/usr/local/cuda-13.0", "version": "13.0.2"},
+]
+OLD = [{"name": "lab-torch", "version": "2.9.1+cu128"}, {"name": "lab-sglang", "version": "0.5.3"}]
+NEW = [{"name": "lab-torch", "version": "2.11.0+cu130"}, {"name": "lab-sgl-kernel", "version": "0.3.21+cu130"}]
+
+
+def test_cuda_of_tag_reads_the_local_tag():
+    assert hm.cuda_of_tag("2.11.0+cu130") == "13.0" and hm.cuda_of_tag("2.9.1+cu128") == "12.8"
+    assert hm.cuda_of_tag("2.9.1+cu118") == "11.8" and hm.cuda_of_tag("0.5.3") is None
+    assert hm.cuda_of_tag("2.9.1+cpu") is None
+
+
+def test_a_venv_and_the_toolkit_of_its_cuda_are_consistent():
+    verdict = hm.stack_consistency(OLD, "CUDA_HOME=/usr/local/cuda-12.8\n", TOOLKITS, realpath=str)
+    assert verdict == {"consistent": True, "problems": [], "cuda_home": "/usr/local/cuda-12.8", "cuda_version": "12.8"}
+
+
+def test_the_new_venv_with_the_old_toolkits_cuda_home_is_inconsistent():
+    """The broken state a rollback once restored: the cu130 venv with CUDA_HOME of the 12.8 toolkit."""
+    verdict = hm.stack_consistency(NEW, 'CUDA_HOME="/usr/local/cuda-12.8"\n', TOOLKITS, realpath=str)
+    assert not verdict["consistent"]
+    assert verdict["problems"] == [
+        "serving venv: lab-torch 2.11.0+cu130 is built for CUDA 13.0, CUDA_HOME /usr/local/cuda-12.8 is CUDA 12.8",
+        "serving venv: lab-sgl-kernel 0.3.21+cu130 is built for CUDA 13.0, CUDA_HOME /usr/local/cuda-12.8 is CUDA 12.8",
+    ]
+
+
+def test_cuda_home_that_is_no_toolkit_or_missing_is_inconsistent_and_a_link_is_followed():
+    gone = hm.stack_consistency(NEW, "CUDA_HOME=/usr/local/cuda-13.1\n", TOOLKITS, realpath=str)
+    assert gone["problems"] == [
+        "serving environment: CUDA_HOME is /usr/local/cuda-13.1, which is no installed toolkit (installed:"
+        " /usr/local/cuda-12.8, /usr/local/cuda-13.0)"
+    ]
+    unset = hm.stack_consistency(NEW, "PATH=/usr/bin\n", TOOLKITS, realpath=str)
+    assert unset["problems"] == [
+        "serving environment: no CUDA_HOME, while the venv holds CUDA builds (lab-torch 2.11.0+cu130,"
+        " lab-sgl-kernel 0.3.21+cu130)"
+    ]
+    linked = hm.stack_consistency(
+        NEW, "CUDA_HOME=/usr/local/cuda\n", TOOLKITS, realpath=lambda p: {"/usr/local/cuda": "/usr/local/cuda-13.0"}[p]
+    )
+    assert linked["consistent"] and linked["cuda_version"] == "13.0"
+    # The environment not known (no env file given): nothing to hold the venv against.
+    assert hm.stack_consistency(NEW, None, TOOLKITS)["consistent"]
+    # A toolkit without version.json cannot be matched.
+    blind = hm.stack_consistency(OLD, "CUDA_HOME=/opt/cuda\n", [{"path": "/opt/cuda", "version": None}], realpath=str)
+    assert blind["problems"] == ["serving environment: CUDA_HOME /opt/cuda has no readable version.json"]

@@ -175,6 +175,33 @@ class TestBackupInfo:
         assert not ok and new["backup_id"] in res["msg"] and "unusable" in res["msg"]
 
 
+class TestRecordedState:
+    def test_a_backup_records_whether_the_stack_fits_and_rollback_refuses_an_inconsistent_one(self, host):
+        env = host / "etc" / "gpufleet-serving.env"
+        args = backup_args(host, env_file=str(env))
+        env.write_text(f"CUDA_HOME={host}/local/cuda-12.8\n")
+        _ok, clean = call(backup_manifest, args)
+        assert clean["manifest"]["state"]["consistent"] is True and clean["manifest"]["state"]["cuda_version"] == "12.8"
+        # The venv is cu128; a CUDA_HOME of a toolkit that is not installed is an inconsistent stack.
+        env.write_text(f"CUDA_HOME={host}/local/cuda-13.0\n")
+        _ok, broken = call(backup_manifest, dict(args, model={"profile": "lab", "in_sync": False, "on_profile": False}))
+        state = broken["manifest"]["state"]
+        assert state["consistent"] is False and state["model"]["profile"] == "lab"
+        assert state["problems"] == [
+            f"serving environment: CUDA_HOME is {host}/local/cuda-13.0, which is no installed toolkit (installed:"
+            f" {host}/local/cuda-12.8)"
+        ]
+        stored = json.loads((host / "state" / "backups" / broken["backup_id"] / "manifest.json").read_text())
+        assert stored["state"] == state
+        base = {"state_dir": str(host / "state"), "host": "node1"}
+        ok, res = call(backup_info, dict(base, unlike_digest="0" * 64))
+        assert not ok and res["msg"].startswith(f"node1: refused: backup {broken['backup_id']}, the one to roll back")
+        assert f"-e rollback_backup_id={broken['backup_id']}" in res["msg"]
+        assert f"an older backup whose record is clean ({clean['backup_id']})" in res["msg"]
+        ok, res = call(backup_info, dict(base, backup_id=broken["backup_id"]))
+        assert ok and res["recorded_state_problems"] == state["problems"]
+
+
 class TestUpgradeState:
     def test_write_query_and_idempotence(self, tmp_path):
         path = str(tmp_path / "state.json")
