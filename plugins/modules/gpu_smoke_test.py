@@ -70,7 +70,9 @@ options:
     type: int
     default: 300
   checks:
-    description: Checks to run; all by default.
+    description:
+      - Checks to run; all but C(build_targets) by default (it compiles for minutes: name it, or set
+        O(build_check)).
     type: list
     elements: str
     choices: [torch_cuda_version, arch_in_list, bf16_matmul, flashinfer_single_decode, flashinfer_single_prefill,
@@ -101,6 +103,10 @@ options:
         description: Smallest cosine similarity between a kernel's output and its reference.
         type: float
         default: 0.999
+  build_check:
+    description: Add the build check C(build_targets) to the checks (to the default set when O(checks) is omitted).
+    type: bool
+    default: false
   target_sms:
     description:
       - SMs the stack must build kernels for, as C(major.minor) (the profile's C(gpu.target_sms), for example
@@ -302,6 +308,7 @@ ARGUMENT_SPEC = {
     "required_packages": {"type": "list", "elements": "str", "default": []},
     "timeout_s": {"type": "int", "default": 300},
     "checks": {"type": "list", "elements": "str", "choices": list(_smoke.ALL_CHECKS)},
+    "build_check": {"type": "bool", "default": False},
     "gpus": {"type": "list", "elements": "int"},
     "target_sms": {"type": "list", "elements": "str", "default": []},
     "build_timeout_s": {"type": "int", "default": 900},
@@ -366,7 +373,9 @@ class SmokeTest:
         self.python = python
         self.env = env
         self.base = [python, worker]
-        self.wanted = set(params["checks"] or _smoke.ALL_CHECKS)
+        self.wanted = set(params["checks"] or (c for c in _smoke.ALL_CHECKS if c != _smoke.BUILD_CHECK))
+        if params["build_check"]:
+            self.wanted.add(_smoke.BUILD_CHECK)
         self.judge_params = {
             "required_packages": params["required_packages"],
             "python": python,

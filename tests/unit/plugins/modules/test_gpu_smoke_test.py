@@ -190,3 +190,16 @@ def test_build_targets_is_skipped_on_a_cpu_run():
 def test_per_sm_rejects_an_unknown_prefill_backend():
     with patch_module_args({"per_sm": [{"sm": "12.0", "prefill_backends": ["fa4"]}]}), pytest.raises(Fail):
         gpu_smoke_test.build_module()
+
+
+def test_the_build_check_runs_only_when_named_or_asked_for():
+    def wanted(args):
+        with patch_module_args(dict({"python": sys.executable}, **args)):
+            module = gpu_smoke_test.build_module()
+        return gpu_smoke_test.SmokeTest(module.params, "/w.py", sys.executable, {}).wanted
+
+    default = wanted({})
+    assert _smoke.BUILD_CHECK not in default and "bf16_matmul" in default and "nccl_allreduce" in default
+    assert wanted({"build_check": True}) == default | {_smoke.BUILD_CHECK}
+    assert wanted({"checks": ["arch_in_list"], "build_check": True}) == {"arch_in_list", _smoke.BUILD_CHECK}
+    assert wanted({"checks": ["build_targets"]}) == {_smoke.BUILD_CHECK}
