@@ -1,0 +1,78 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What every drain provider shares: a bounded wait. Pure logic, no Ansible.
+
+A drain is three steps: take the host out of rotation, wait until it is idle (bounded: a host whose work never ends
+must fail the run with what was still running, not hang it), and put it back. The providers (``_drain_haproxy``,
+``_drain_slurm``) differ in how they ask; the wait is the same.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state
+
+
+class DrainError(Exception):
+    """A drain step that cannot be done; the message names what was seen and the fix."""
+
+
+class DrainTimeout(DrainError):
+    """The host did not become idle in time; ``last`` is what the last look saw."""
+
+    def __init__(self, message, last=None, waited_s=0.0):
+        super().__init__(message)
+        self.last = last
+        self.waited_s = waited_s
+
+
+def poll_until(look, done, timeout_s, interval_s, clock=time.monotonic, sleep=time.sleep):
+    """Call ``look()`` until ``done(seen)`` holds; return ``(seen, waited_s)``.
+
+    The first look happens at once; the last one happens at the deadline, so a host that became idle just in
+    time is not failed. Raises DrainTimeout carrying the last look when the deadline passes.
+    """
+    start = clock()
+    deadline = start + max(0.0, float(timeout_s))
+    while True:
+        seen = look()
+        now = clock()
+        if done(seen):
+            return seen, round(now - start, 3)
+        if now >= deadline:
+            raise DrainTimeout("timed out", last=seen, waited_s=round(now - start, 3))
+        sleep(max(0.0, min(float(interval_s), deadline - now)))
+
+
+# --------------------------------------------------------------------------- drain records
+# A provider without a place for a reason (HAProxy) keeps one small file per server where the drain runs: written
+# before the drain is sent, removed once the server is back. A record left by a killed run tells the next run that
+# gpufleet took the server out (so it puts it back); a drained server without a record was drained by someone
+# else, and stays drained.
+
+
+def record_path(folder, provider, *names):
+    """``<folder>/<provider>-<name>-<name>.json``, each name reduced to characters safe in a file name."""
+    safe = ["".join(c if c.isalnum() or c in "._" else "_" for c in str(n)) for n in names]
+    return os.path.join(folder, "-".join([provider, *safe]) + ".json")
+
+
+def read_record(path):
+    try:
+        return _state.read_json(path)
+    except _state.StateError as exc:
+        raise DrainError(
+            f"drain record {path} is unreadable: {exc}; fix: remove it once the server is as it should be"
+        ) from None
+
+
+def write_record(path, doc):
+    _state.write_json_atomic(path, doc)
+
+
+def remove_record(path):
+    if os.path.exists(path):
+        os.unlink(path)

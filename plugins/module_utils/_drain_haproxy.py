@@ -1,0 +1,188 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Drain through HAProxy's runtime API (its stats socket): pure logic and a small client, no Ansible.
+
+Commands and formats are those of HAProxy's management guide (section "Unix Socket commands"), checked against
+HAProxy 2.6 (Debian 12):
+
+* ``set server <backend>/<server> state drain|ready``: the answer is an empty line on success, else a message
+  ("No such server.", "No such backend.", "Permission denied").
+* ``show servers state <backend>``: a format version line (``1``), a header line starting with ``#`` naming the
+  fields (``be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state ...``), one line per server.
+  ``srv_op_state``: 0 stopped, 1 starting, 2 running, 3 stopping. ``srv_admin_state`` is a mask: 0x01 forced
+  maintenance, 0x02 inherited maintenance, 0x04 maintenance by configuration, 0x08 forced drain, 0x10 inherited
+  drain, 0x20 maintenance after a resolution failure, 0x40 FQDN set from the socket.
+* ``show stat``: CSV whose first line is the header (``# pxname,svname,qcur,qmax,scur,...,status,...``); ``scur``
+  is a server's current sessions, ``status`` UP / DOWN / DRAIN / MAINT / NOLB / no check.
+* ``show sess``: one line per stream (``0x...: proto=tcpv4 src=... fe=... be=<backend> srv=<server> ... age=1s``);
+  its format is not a stable interface, so it only ever serves as text in a message.
+
+In non-interactive mode HAProxy answers one command per connection and closes it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import socket
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._drain import DrainError
+
+MAINT_BITS = 0x01 | 0x02 | 0x04 | 0x20
+DRAIN_BITS = 0x08 | 0x10
+OP_STATES = {0: "stopped", 1: "starting", 2: "running", 3: "stopping"}
+ADMIN_STATES = ("ready", "drain", "maint")
+SESSION_LINES = 3
+
+
+class Runtime:
+    """One command per connection to the stats socket at ``path``."""
+
+    def __init__(self, path, timeout_s=10.0):
+        self.path = path
+        self.timeout_s = timeout_s
+
+    def command(self, line):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(self.path)
+            sock.sendall(line.encode() + b"\n")
+            chunks = []
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except OSError as exc:
+            raise DrainError(
+                f"HAProxy's stats socket {self.path} did not answer {line.split()[0:2]}: {exc}; fix: check "
+                "gpufleet_haproxy_socket and gpufleet_haproxy_host (the socket needs `stats socket ... level admin`)"
+            ) from None
+        finally:
+            sock.close()
+        return b"".join(chunks).decode("utf-8", "replace")
+
+
+def check_set_reply(reply, backend, server, state):
+    """A ``set server`` answer is an empty line; anything else is HAProxy's refusal."""
+    text = reply.strip()
+    if text:
+        raise DrainError(f"HAProxy refused `set server {backend}/{server} state {state}`: {text}")
+
+
+def parse_servers_state(text):
+    """Rows of ``show servers state`` as dicts keyed by the header's field names (format version 1)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or lines[0].strip() != "1":
+        raise DrainError(f"unexpected `show servers state` answer (no format version 1): {text.strip()[:200]!r}")
+    header = None
+    rows = []
+    for line in lines[1:]:
+        if line.startswith("#"):
+            header = header or line.lstrip("#").split()
+            continue
+        if header is None:
+            raise DrainError(f"`show servers state` has no header line: {text.strip()[:200]!r}")
+        rows.append(dict(zip(header, line.split(), strict=False)))
+    return rows
+
+
+def parse_stat(text):
+    """Rows of ``show stat`` (CSV) as dicts keyed by the header's field names."""
+    body = text.lstrip()
+    if not body.startswith("#"):
+        raise DrainError(f"unexpected `show stat` answer (no CSV header): {text.strip()[:200]!r}")
+    reader = csv.DictReader(io.StringIO(body.lstrip("# ")))
+    return [row for row in reader if row.get("pxname")]
+
+
+def admin_state(mask):
+    """ready, drain or maint: what the admin mask means for rotation (maintenance wins over drain)."""
+    mask = int(mask)
+    if mask & MAINT_BITS:
+        return "maint"
+    if mask & DRAIN_BITS:
+        return "drain"
+    return "ready"
+
+
+def server_view(state_rows, stat_rows, backend, server):
+    """The server as the decisions see it: admin and operational state, health status, current sessions."""
+    row = next((r for r in state_rows if r.get("be_name") == backend and r.get("srv_name") == server), None)
+    if row is None:
+        names = sorted(r.get("srv_name", "?") for r in state_rows if r.get("be_name") == backend)
+        raise DrainError(
+            f"HAProxy backend {backend!r} has no server {server!r} (servers: {', '.join(names) or 'none'}); "
+            "fix: set gpufleet_haproxy_server to the server's name in the backend (default: the inventory name)"
+        )
+    stat = next((r for r in stat_rows if r.get("pxname") == backend and r.get("svname") == server), {})
+    return {
+        "admin": admin_state(row["srv_admin_state"]),
+        "admin_mask": int(row["srv_admin_state"]),
+        "op_state": OP_STATES.get(int(row["srv_op_state"]), row["srv_op_state"]),
+        "status": stat.get("status", ""),
+        "sessions": int(stat.get("scur") or 0),
+        "queued": int(stat.get("qcur") or 0),
+    }
+
+
+def plan(want, current, ours):
+    """What to send for ``want`` (drained | ready): ``(state or None, reason)``.
+
+    ``current`` is the admin state now; ``ours`` says whether a gpufleet drain record exists for the server (this
+    run's, or a killed run's that never undrained it). A server that was out of rotation before any gpufleet drain
+    (an operator's drain or maintenance) gets no record, and the way back leaves it as it is.
+    """
+    if current not in ADMIN_STATES:
+        raise DrainError(f"unknown admin state {current!r}")
+    if want == "drained":
+        if current == "ready":
+            return "drain", "taken out of rotation (drain)"
+        if ours:
+            return None, f"already {current} by an earlier gpufleet drain"
+        return None, f"already {current} before this run: left so, now and after the run"
+    if want != "ready":
+        raise DrainError(f"unknown wanted state {want!r}: drained or ready")
+    if not ours:
+        if current == "ready":
+            return None, "already in rotation"
+        return None, f"left {current}: gpufleet did not take it out (an operator's choice)"
+    if current == "ready":
+        return None, "already in rotation"
+    return "ready", f"put back in rotation (was {current})"
+
+
+def sessions_of(show_sess, backend, server):
+    """The lines of ``show sess`` that belong to ``backend/server`` (text for a timeout message)."""
+    marks = (f" be={backend} ", f" srv={server} ")
+    return [line.strip() for line in show_sess.splitlines() if all(m in f" {line} " for m in marks)]
+
+
+def idle(view):
+    """Nothing in flight on the server and nothing queued for it."""
+    return view["sessions"] == 0 and view["queued"] == 0
+
+
+def in_rotation(view):
+    """Ready, and its health check (if any) says it runs: HAProxy sends it traffic."""
+    return view["admin"] == "ready" and view["op_state"] == "running"
+
+
+def timeout_message(host, backend, server, view, waited_s, sessions, what):
+    """The message of a wait that ran out: the host, what was still running, the fix."""
+    if what == "idle":
+        shown = "; ".join(line[:160] for line in sessions[:SESSION_LINES])
+        more = f" (+{len(sessions) - SESSION_LINES} more)" if len(sessions) > SESSION_LINES else ""
+        return (
+            f"{host}: HAProxy server {backend}/{server} still had {view['sessions']} session(s) in flight and "
+            f"{view['queued']} queued after {waited_s:.1f}s of drain"
+            + (f": {shown}{more}" if shown else "")
+            + "; fix: raise gpufleet_drain_timeout_s, or end those requests; nothing on the host was changed yet"
+        )
+    return (
+        f"{host}: HAProxy server {backend}/{server} is {view['admin']} but its health check says "
+        f"{view['op_state']} ({view['status'] or 'no status'}) after {waited_s:.1f}s; fix: check that the serving "
+        "unit answers on the address HAProxy checks"
+    )

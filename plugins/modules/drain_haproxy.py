@@ -1,0 +1,245 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: drain_haproxy
+short_description: Take a serving host out of an HAProxy backend's rotation and back, through the runtime API
+version_added: 0.2.0
+description:
+  - Talks to HAProxy's stats socket (the runtime API); runs where the socket is (C(delegate_to) the load balancer).
+  - O(state=drained) sends C(set server BACKEND/SERVER state drain) (HAProxy sends the server no new requests; the
+    ones in flight finish), then waits until the server's current sessions (C(scur) of C(show stat)) and its queue
+    are 0. A wait that runs out fails with the host, the sessions still in flight (C(show sess)) and the fix.
+  - O(state=ready) sends C(set server BACKEND/SERVER state ready), then waits until HAProxy's health check says the
+    server runs, so the host is really back in rotation when the task ends.
+  - With O(record_dir), the drain writes a record (C(haproxy-BACKEND-SERVER.json)) before it sends the drain and
+    O(state=ready) removes it once the server is back. O(state=ready) puts back only a server that has a record: one
+    that was already draining or in maintenance before the run (an operator's drain) is left so, and reported. A
+    record left by a killed run makes the next run put the server back.
+  - Reads C(show servers state) first; changes only what differs (a drained server is not drained again).
+author:
+  - gpufleet maintainers (@gpufleet)
+attributes:
+  check_mode:
+    support: full
+    description: Reads the server's state and reports what would change; sends no C(set) command and does not wait.
+  diff_mode:
+    support: full
+    description: Shows the server's admin state before and after.
+options:
+  socket:
+    description: Path of HAProxy's stats socket (C(stats socket PATH level admin) in C(haproxy.cfg)).
+    type: path
+    required: true
+  backend:
+    description: The backend holding the host's server.
+    type: str
+    required: true
+  server:
+    description: The server's name in the backend.
+    type: str
+    required: true
+  host:
+    description: Inventory name of the host the server stands for, named in messages (default O(server)).
+    type: str
+  state:
+    description: V(drained) takes the server out of rotation and waits until it is idle; V(ready) puts it back.
+    type: str
+    choices: [drained, ready]
+    default: drained
+  record_dir:
+    description: Folder of the drain records on the host the module runs on; unset, O(state=ready) readies any server.
+    type: path
+  run_id:
+    description: Id of the run, kept in the record.
+    type: str
+    default: ""
+  wait:
+    description: Wait until the server is idle (O(state=drained)) or runs again (O(state=ready)).
+    type: bool
+    default: true
+  timeout_s:
+    description: Seconds to wait at most.
+    type: float
+    default: 600
+  interval_s:
+    description: Seconds between two looks at the server.
+    type: float
+    default: 1.0
+"""
+
+EXAMPLES = r"""
+- name: Take the host out of HAProxy's rotation and wait until its requests end
+  gpufleet.upgrade.drain_haproxy:
+    socket: /run/haproxy/admin.sock
+    backend: serving
+    server: "{{ inventory_hostname }}"
+    state: drained
+    record_dir: /var/lib/gpufleet/drain
+    run_id: "{{ gpufleet_run_id }}"
+    timeout_s: 300
+  delegate_to: lb1
+
+- name: Put the host back in rotation, unless it was drained before the run
+  gpufleet.upgrade.drain_haproxy:
+    socket: /run/haproxy/admin.sock
+    backend: serving
+    server: "{{ inventory_hostname }}"
+    state: ready
+    record_dir: /var/lib/gpufleet/drain
+  delegate_to: lb1
+"""
+
+RETURN = r"""
+previous:
+  description: Admin state found before this call, V(ready), V(drain) or V(maint).
+  returned: always
+  type: str
+  sample: ready
+admin_state:
+  description: Admin state after this call (in check mode, the one it would have).
+  returned: always
+  type: str
+  sample: drain
+op_state:
+  description: HAProxy's operational state of the server at the end (V(running), V(stopped), ...).
+  returned: always
+  type: str
+status:
+  description: The server's status in C(show stat) at the end (V(UP), V(DRAIN), V(DOWN), V(MAINT), ...).
+  returned: always
+  type: str
+sessions:
+  description: Current sessions (C(scur)) at the end.
+  returned: always
+  type: int
+waited_s:
+  description: Seconds waited.
+  returned: always
+  type: float
+record:
+  description: The drain record after this call (empty when there is none).
+  returned: always
+  type: dict
+msg:
+  description: What was done, in words.
+  returned: always
+  type: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain as dr
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_haproxy as hx
+
+
+def build_module():
+    return AnsibleModule(
+        argument_spec=dict(
+            socket=dict(type="path", required=True),
+            backend=dict(type="str", required=True),
+            server=dict(type="str", required=True),
+            host=dict(type="str"),
+            state=dict(type="str", choices=["drained", "ready"], default="drained"),
+            record_dir=dict(type="path"),
+            run_id=dict(type="str", default=""),
+            wait=dict(type="bool", default=True),
+            timeout_s=dict(type="float", default=600),
+            interval_s=dict(type="float", default=1.0),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def look(api, backend, server):
+    states = hx.parse_servers_state(api.command(f"show servers state {backend}"))
+    stats = hx.parse_stat(api.command(f"show stat {backend} 4 -1"))
+    return hx.server_view(states, stats, backend, server)
+
+
+def wait_for(module, api, view, host):
+    p = module.params
+    backend, server = p["backend"], p["server"]
+    what = "idle" if p["state"] == "drained" else "running"
+    done = hx.idle if what == "idle" else hx.in_rotation
+    try:
+        return dr.poll_until(lambda: look(api, backend, server), done, p["timeout_s"], p["interval_s"])
+    except dr.DrainTimeout as exc:
+        last = exc.last or view
+        sessions = hx.sessions_of(api.command("show sess"), backend, server) if what == "idle" else []
+        module.fail_json(
+            msg=hx.timeout_message(host, backend, server, last, exc.waited_s, sessions, what),
+            changed=True,
+            previous=view["admin"],
+            admin_state=last["admin"],
+            op_state=last["op_state"],
+            status=last["status"],
+            sessions=last["sessions"],
+            waited_s=exc.waited_s,
+        )
+
+
+def run(module):
+    p = module.params
+    backend, server = p["backend"], p["server"]
+    host = p["host"] or server
+    api = hx.Runtime(p["socket"])
+    path = dr.record_path(p["record_dir"], "haproxy", backend, server) if p["record_dir"] else None
+    record = dr.read_record(path) if path else None
+    view = look(api, backend, server)
+    # Without records every drained server counts as gpufleet's own: the way back readies it.
+    ours = record is not None or (path is None and p["state"] == "ready")
+    action, reason = hx.plan(p["state"], view["admin"], ours)
+    after = view["admin"] if action is None else action
+    new_record = record or {}
+    if p["state"] == "drained" and action is not None:
+        new_record = {"run_id": p["run_id"], "backend": backend, "server": server, "host": host, "at": time.time()}
+    result = {"changed": action is not None, "previous": view["admin"], "admin_state": after, "waited_s": 0.0}
+    result["record"] = new_record if path and p["state"] == "drained" else {}
+    if module._diff:
+        result["diff"] = {
+            "before": f"{backend}/{server}: {view['admin']}\n",
+            "after": f"{backend}/{server}: {after}\n",
+            "before_header": f"HAProxy {p['socket']}",
+            "after_header": f"HAProxy {p['socket']}",
+        }
+    if module.check_mode:
+        result.update(op_state=view["op_state"], status=view["status"], sessions=view["sessions"])
+        result["msg"] = f"{host}: {backend}/{server} would be {reason}" if action else f"{host}: {reason}"
+        return result
+    # The record is written before the drain is sent: a run killed in between still leaves the server ours.
+    if path and new_record and new_record is not record:
+        dr.write_record(path, new_record)
+    if action is not None:
+        hx.check_set_reply(api.command(f"set server {backend}/{server} state {action}"), backend, server, action)
+    # A server left out of rotation on purpose (an operator's drain) is not waited for on the way back.
+    if p["wait"] and (p["state"] == "drained" or after == "ready"):
+        view, result["waited_s"] = wait_for(module, api, view, host)
+    else:
+        view = look(api, backend, server)
+    if path and p["state"] == "ready" and view["admin"] == "ready":
+        dr.remove_record(path)
+    result.update(
+        admin_state=view["admin"], op_state=view["op_state"], status=view["status"], sessions=view["sessions"]
+    )
+    result["msg"] = f"{host}: {backend}/{server} {reason}; {view['sessions']} session(s), {view['status']}"
+    return result
+
+
+def main():
+    module = build_module()
+    try:
+        module.exit_json(**run(module))
+    except dr.DrainError as exc:
+        module.fail_json(msg=f"{module.params['host'] or module.params['server']}: {exc}")
+
+
+if __name__ == "__main__":
+    main()
