@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Record the default index's listings of the stack's packages as offline test data (run once, by hand).

@@ -7,27 +7,14 @@ holder of an existing lock still runs -- both only knowable on the controller --
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._controller import playbook_pid
 
 MODULE = "gpufleet.upgrade.upgrade_lock"
-
-
-def playbook_pid() -> int:
-    """Pid of the ansible-playbook process: task workers are forked from it."""
-    pid = os.getpid()
-    parent = os.getppid()
-    # In a worker the parent is ansible-playbook; in the main process (no fork) it is the process itself.
-    try:
-        with open(f"/proc/{parent}/cmdline", "rb") as handle:
-            cmdline = handle.read()
-    except OSError:
-        return pid
-    return parent if b"ansible" in cmdline or b"python" in cmdline else pid
 
 
 class ActionModule(ActionBase):

@@ -59,7 +59,7 @@ options:
       - With O(unlike_digest), also pass over backups taken while the host ran this venv (the one C(current) points
         at now) or a repair of it (C(<venv>.repair-<run id>)), so that a backup of a re-run or a repair on the
         present profile is never what "roll back" restores; the default target is the host before its upgrade.
-      - When the backup so found records a state that was not consistent when it was taken (its C(state): a
+      - When the backup so found records a state that was not consistent when it was taken (its C(state) - a
         C(CUDA_HOME) that is no toolkit or does not match the venv's CUDA builds, or drift on its profile), the
         module fails and names it and the older backups with a clean record; naming it in O(backup_id) restores
         it anyway (with a warning).

@@ -71,7 +71,7 @@ options:
     default: 300
   checks:
     description:
-      - Checks to run; all but C(build_targets) by default (it compiles for minutes: name it, or set
+      - Checks to run; all but C(build_targets) by default (it compiles for minutes - name it, or set
         O(build_check)).
     type: list
     elements: str

@@ -145,7 +145,7 @@ def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_pl
     back = run_playbook(
         "playbooks/rollback.yml",
         fleet.inventory,
-        extravars={"rollback_server_info_url": "http://127.0.0.1:30000/get_server_info"},
+        extravars={"rollback_server_info_url": "http://127.0.0.1:{{ gpufleet_serving_port }}/get_server_info"},
     )
     assert back.rc == 0, back
     chosen = {r.host: r.res for r in back.tasks("Read the backup")}
@@ -161,5 +161,6 @@ def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_pl
             node_exec, node, f"{venv}/bin/python -c 'import importlib.metadata as m; print(m.version(\"lab-torch\"))'"
         )
         assert torch.endswith("+cu128"), (node, venv, torch)
-        info = json.loads(sh(node_exec, node, "curl -s http://127.0.0.1:30000/get_server_info"))
+        port = fleet.serving_port(node)
+        info = json.loads(sh(node_exec, node, f"curl -s http://127.0.0.1:{port}/get_server_info"))
         assert info["gpufleet_lab"]["cuda_home"] == "/usr/local/cuda-12.8", info["gpufleet_lab"]

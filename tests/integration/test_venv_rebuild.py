@@ -183,22 +183,29 @@ def test_bad_input_fails_clearly_and_the_old_venv_keeps_serving(case, fleet, bef
     assert_untouched(fleet, node_exec, before)
 
 
+@pytest.mark.parametrize("distribution", ["pull", "push"])
 def test_hash_mismatch_on_the_host_fails_before_any_switch(
-    fleet, before, run_playbook, node_exec, tmp_path, controller_dir
+    distribution, fleet, before, run_playbook, node_exec, tmp_path, controller_dir
 ):
-    # A lock whose sha256 for one wheel is not the file's (the index listed a stale hash): uv refuses it.
-    first = run_playbook(
-        PLAYBOOK, fleet.inventory, {"gpufleet_controller_dir": str(tmp_path / "ctl"), "venv_rebuild_switch": False}
-    )
+    # A lock whose sha256 for one wheel is not the file's (the index listed a stale hash): pulled, the host's download
+    # is refused by its checksum; pushed, uv refuses the copy. Either way nothing is installed or switched.
+    ctl = {"gpufleet_controller_dir": str(tmp_path / "ctl"), "gpufleet_distribution": distribution}
+    first = run_playbook(PLAYBOOK, fleet.inventory, dict(ctl, venv_rebuild_switch=False))
     assert first.rc == 0, first
     lock = first.task("Plan the serving wheels once", fleet.nodes[0]).res["ansible_facts"]["gpufleet_wheel_lock"]
     bad = json.loads(json.dumps(lock))
     bad["packages"][0]["sha256"] = "0" * 64
     bad["venv_name"] = "lab-tampered"
-    res = run_playbook(PLAYBOOK, fleet.inventory, {"gpufleet_wheel_lock": bad})
+    res = run_playbook(PLAYBOOK, fleet.inventory, dict(ctl, gpufleet_wheel_lock=bad))
     assert res.rc != 0, res
     failed = [r for rs in res.results.values() for r in rs if r.failed]
-    assert any("Hash mismatch" in (r.res.get("stderr") or "") for r in failed), [r.res for r in failed]
+    if distribution == "push":
+        assert any("Hash mismatch" in (r.res.get("stderr") or "") for r in failed), [r.res for r in failed]
+    else:
+        refused = [r for r in failed if r.task.endswith("Pull the locked wheels from the fleet cache")]
+        assert len(refused) == len(fleet.nodes), [(r.task, r.res.get("msg")) for r in failed]
+        msg = json.dumps(refused[0].res)
+        assert "checksum" in msg and "did not match" in msg and bad["packages"][0]["filename"] in msg, msg
     for node in fleet.nodes:
         assert node_exec(node, f"readlink -f {SERVING}/current", check=True).stdout.strip() == SEED
         node_exec(node, f"rm -rf {SERVING}/venvs/lab-tampered {SERVING}/venvs/{lock['venv_name']}", check=True)

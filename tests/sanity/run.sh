@@ -4,8 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
-dest=build/sanity/ansible_collections/gpufleet/upgrade
-rm -rf build/sanity
+# A folder of its own per run, so runs side by side do not delete each other's copy.
+mkdir -p build
+work=$(mktemp -d "$repo/build/sanity.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+dest=$work/ansible_collections/gpufleet/upgrade
 mkdir -p "$dest"
 git ls-files -co --exclude-standard | grep -v '^lab/\|^bench/' | tar -cT - | tar -C "$dest" -x
 cd "$dest"

@@ -92,7 +92,7 @@ def sglang_code(relpath, *names, **namespace):
     sys.modules[module.__name__] = module
     found = []
     for name in names:
-        owner, _, method = name.partition(".")
+        owner, _dot, method = name.partition(".")
         node = top[owner]
         if method:
             node = next(n for n in node.body if getattr(n, "name", None) == method)

@@ -657,7 +657,7 @@ def test_rebuilds_of_one_version_are_ordered_by_build_number_not_upload_date():
     older_build_newer_upload = cand("sgl_kernel-0.3.21-1-cp39-abi3-manylinux_2_28_x86_64.whl", days_old=1)
     newer_build = cand("sgl_kernel-0.3.21-2-cp39-abi3-manylinux_2_28_x86_64.whl", days_old=30)
     plain = cand("sgl_kernel-0.3.21-cp39-abi3-manylinux_2_28_x86_64.whl", days_old=0)
-    chosen, _ = plan([rule("sgl-kernel", "==0.3.21")], [older_build_newer_upload, plain, newer_build])
+    chosen, _report = plan([rule("sgl-kernel", "==0.3.21")], [older_build_newer_upload, plain, newer_build])
     assert chosen["sgl-kernel"] is newer_build and newer_build.build == (2, "")
 
 

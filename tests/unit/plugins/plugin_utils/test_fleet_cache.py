@@ -1,0 +1,94 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The run's fleet cache (plugin_utils/_fleet_cache.py and the http.server it runs) on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _fleet_cache as fc
+
+
+@pytest.fixture
+def cache(tmp_path):
+    wheels, redist = tmp_path / "wheelhouse", tmp_path / "redist"
+    (redist / "cuda_nvcc" / "linux-x86_64").mkdir(parents=True)
+    wheels.mkdir()
+    (wheels / "six-1.17.0-py3-none-any.whl").write_bytes(b"w" * 5000)
+    (redist / "cuda_nvcc" / "linux-x86_64" / "cuda_nvcc-13.0.88-archive.tar.xz").write_bytes(b"r" * 3000)
+    (tmp_path / "secret.json").write_text("{}")
+    run_dir = tmp_path / "run"
+    state = fc.start(str(run_dir), {"wheels": str(wheels), "redist": str(redist)}, bind="127.0.0.1")
+    yield run_dir, state
+    fc.stop(str(run_dir))
+
+
+def get(state, path, method="GET"):
+    request = urllib.request.Request(f"http://127.0.0.1:{state['port']}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, b"", exc.headers
+
+
+def test_serves_the_mounted_files_and_nothing_else(cache):
+    _run_dir, state = cache
+    status, body, _headers = get(state, "/wheels/six-1.17.0-py3-none-any.whl")
+    assert status == 200 and hashlib.sha256(body).hexdigest() == hashlib.sha256(b"w" * 5000).hexdigest()
+    status, body, headers = get(state, "/redist/cuda_nvcc/linux-x86_64/cuda_nvcc-13.0.88-archive.tar.xz", "HEAD")
+    assert status == 200 and body == b"" and headers["Content-Length"] == "3000"
+    for path in ("/wheels/", "/wheels/../secret.json", "/wheels/%2e%2e/secret.json", "/secret.json", "/run/x", "/"):
+        assert get(state, path)[0] == 404, path
+
+
+def test_a_second_start_of_the_run_reuses_the_server_and_stop_counts_what_it_served(cache, tmp_path):
+    run_dir, state = cache
+    again = fc.start(str(run_dir), dict(state["mounts"]), bind="127.0.0.1")
+    assert again["reused"] and again["pid"] == state["pid"] and again["port"] == state["port"]
+    get(state, "/wheels/six-1.17.0-py3-none-any.whl")
+    get(state, "/wheels/six-1.17.0-py3-none-any.whl")
+    get(state, "/wheels/missing.whl")
+    time.sleep(0.2)
+    result = fc.stop(str(run_dir))
+    assert result["stopped"] and not fc.alive(state["pid"])
+    served = result["served"]
+    assert (served["requests"], served["bytes"], served["errors"]) == (3, 10000, 1)
+    assert served["clients"] == {"127.0.0.1": {"requests": 3, "bytes": 10000}}
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    (tmp_path / "w").mkdir()
+    owner = subprocess.Popen(["sleep", "60"])
+    state = fc.start(str(tmp_path / "run"), {"wheels": str(tmp_path / "w")}, bind="127.0.0.1", watch_pid=owner.pid)
+    assert fc.alive(state["pid"])
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 5
+    while fc.alive(state["pid"]) and time.monotonic() < deadline:
+        fc._reap(state["pid"])
+        time.sleep(0.1)
+    assert not fc.alive(state["pid"])
+
+
+def test_a_port_in_use_fails_with_the_fix(tmp_path, cache):
+    _run_dir, state = cache
+    (tmp_path / "w").mkdir()
+    with pytest.raises(fc.FleetCacheError, match=r"did not start on 127.0.0.1:\d+ .*gpufleet_fleet_cache_port"):
+        fc.start(str(tmp_path / "other"), {"wheels": str(tmp_path / "w")}, bind="127.0.0.1", port=state["port"])
+    with pytest.raises(fc.FleetCacheError, match=r"/wheels/ \(.*nowhere\) does not exist"):
+        fc.start(str(tmp_path / "third"), {"wheels": str(tmp_path / "nowhere")})
+
+
+def test_host_url_is_the_controller_address_the_host_sees():
+    assert fc.host_url("10.88.0.1 51234 22", 8000) == "http://10.88.0.1:8000"
+    assert fc.host_url("fd00::1 51234 22", 8000) == "http://[fd00::1]:8000"
+    assert fc.host_url("10.88.0.1 51234 22", 8000, "cache.example.internal") == "http://cache.example.internal:8000"
+    with pytest.raises(fc.FleetCacheError, match="set gpufleet_fleet_cache_host"):
+        fc.host_url("", 8000)
