@@ -76,14 +76,31 @@ def lab_mirrors() -> LabMirrors:
         pytest.skip(reason)
     ports = mirror_ports()
     MIRRORS.mkdir(parents=True, exist_ok=True)
-    # One process at a time builds and starts: xdist workers and parallel sessions share the mirrors.
+    # One process at a time builds and starts: xdist workers and parallel sessions share the mirrors. Each session
+    # counts itself in .fixture.users; the last one out stops the mirrors (never one that another session uses).
     with (MIRRORS / ".fixture.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         mirrors.build()
         started = bool(mirrors.start(ports)["started"])
+        _mirror_users(+1)
     yield LabMirrors(ports=ports, urls=mirror_urls(ports), started_here=started)
-    if started and not os.environ.get("PYTEST_XDIST_WORKER"):
-        mirrors.stop(ports)
+    with (MIRRORS / ".fixture.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _mirror_users(-1) == 0 and not os.environ.get("PYTEST_XDIST_WORKER"):
+            mirrors.stop(ports)
+
+
+def _mirror_users(delta: int) -> int:
+    """Sessions using the mirrors now (live pids in .fixture.users), after adding or removing this one."""
+    path = MIRRORS / ".fixture.users"
+    pids = {int(p) for p in path.read_text().split()} if path.exists() else set()
+    pids = {p for p in pids if Path(f"/proc/{p}").exists()}
+    if delta > 0:
+        pids.add(os.getpid())
+    else:
+        pids.discard(os.getpid())
+    path.write_text("".join(f"{p}\n" for p in sorted(pids)))
+    return len(pids)
 
 
 def _default_name(request) -> str:
