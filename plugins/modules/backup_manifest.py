@@ -105,8 +105,8 @@ options:
   model:
     description:
       - The host model's verdict from just before the backup (role C(assess)'s C(assess_result) with the profile it
-        judged against), recorded in RV(manifest.state) (its C(model)). A backup taken while the host ran its profile with
-        drift is not what a rollback restores by default.
+        judged against), recorded in RV(manifest.state) (its C(model)). A backup taken while the host ran its
+        profile with drift is not what a rollback restores by default.
     type: dict
 """
 

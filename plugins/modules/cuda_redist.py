@@ -39,6 +39,12 @@ options:
     description: Extracted size as a multiple of the archives' size, for the free space check.
     type: float
     default: 4.0
+  link_before:
+    description:
+      - The global CUDA link's state before this install (C(cuda_toolkit_info)'s C(link) - C(exists), C(target),
+        C(resolved)), kept in the install marker; link policy C(keep) holds the link to it on later runs, and the host
+        model judges it. A reinstall keeps the first install's record.
+    type: dict
   reinstall:
     description:
       - Build and swap in the toolkit even when O(dest) holds it complete, e.g. when the host model (module
@@ -200,7 +206,7 @@ def installed_files(top):
     return files
 
 
-def write_metadata(staging, release, archives, version_json):
+def write_metadata(staging, release, archives, version_json, link_before=None):
     with open(os.path.join(staging, "version.json"), "w", encoding="utf-8") as out:
         json.dump(version_json, out, indent=3, sort_keys=True)
         out.write("\n")
@@ -211,6 +217,8 @@ def write_metadata(staging, release, archives, version_json):
         "archives": {a["relative_path"]: a["sha256"] for a in archives},
         # Every installed file's sha256: the host model (module host_state) finds a file changed since.
         "files": installed_files(staging),
+        # Where the global CUDA link resolved before this toolkit came: what link policy keep holds it to.
+        "link_before": link_before or None,
     }
     with open(os.path.join(staging, tk.MARKER), "w", encoding="utf-8") as out:
         json.dump(marker, out, indent=2, sort_keys=True)
@@ -252,6 +260,7 @@ def main():
             "extract_factor": {"type": "float", "default": 4.0},
             "verify_nvcc": {"type": "bool", "default": True},
             "reinstall": {"type": "bool", "default": False},
+            "link_before": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -290,7 +299,10 @@ def main():
     os.makedirs(staging)
     try:
         build(module, staging, archives, manifest)
-        write_metadata(staging, release, archives, rd.version_json(archives, release))
+        # A reinstall keeps the first install's record of the link: the link may have drifted since.
+        old = tk.read_marker(dest) if os.path.isdir(dest) else None
+        link_before = (old or {}).get("link_before") or p["link_before"]
+        write_metadata(staging, release, archives, rd.version_json(archives, release), link_before)
         if p["verify_nvcc"] and "cuda_nvcc" in components:
             result["nvcc_version"] = check_nvcc(module, staging, release)
         os.chmod(staging, 0o755)

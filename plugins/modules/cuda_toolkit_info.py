@@ -111,7 +111,8 @@ cuda_home:
   returned: when O(cuda_home) is given
   type: dict
 target:
-  description: "Judgement of C(<root>/cuda-<version>): C(path), C(status), C(missing) components, C(release) found."
+  description: "Judgement of C(<root>/cuda-<version>): C(path), C(status), C(missing) components, C(release) found,
+    C(link_before) (the link's state before this collection installed it, from its marker; null without one)."
   returned: when O(version) is given
   type: dict
 platform:
@@ -220,6 +221,9 @@ def main():
         path = os.path.join(root, f"cuda-{p['version']}")
         judged = tk.target_status(path, p["release"] or "", p["components"]) if p["release"] else None
         result["target"] = {"path": path, **(judged or {"status": "present" if tk.is_toolkit(path) else "absent"})}
+        # The link's state before this collection installed the target (its marker), for link policy keep.
+        marker = tk.read_marker(path) if os.path.isdir(path) else None
+        result["target"]["link_before"] = (marker or {}).get("link_before")
     module.exit_json(**result)
 
 

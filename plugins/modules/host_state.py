@@ -114,7 +114,10 @@ def toolkit_items(spec):
     status = tk.target_status(home, release, spec.get("components") or [])
     items = [hm.toolkit_item(home, release, status, tk.read_marker(home) if os.path.isdir(home) else None)]
     if spec.get("link"):
-        items.append(hm.link_item(tk.link_state(spec["link"]), spec.get("link_policy") or "keep", home, None))
+        marker = tk.read_marker(home) if os.path.isdir(home) else None
+        before = (marker or {}).get("link_before") or {}
+        recorded = before.get("resolved") if before.get("exists") else None
+        items.append(hm.link_item(tk.link_state(spec["link"]), spec.get("link_policy") or "keep", home, recorded))
     return items
 
 

@@ -26,7 +26,9 @@ DAMAGE = {
     ),
     1: (
         f"sed -i 's#^CUDA_HOME=.*#CUDA_HOME=\"/usr/local/cuda-12.8\"#' {ENV_FILE}; "
-        f"sed -i 's#^Restart=.*#Restart=no#' {UNIT_FILE}; echo '// edited' >> {HEADER}"
+        f"sed -i 's#^Restart=.*#Restart=no#' {UNIT_FILE}; echo '// edited' >> {HEADER}; "
+        # Link policy keep: the link belongs where it was before the toolkit came (recorded in its marker).
+        "ln -sfn /usr/local/cuda-13.0 /usr/local/cuda"
     ),
 }
 EXPECTED = {
@@ -37,6 +39,7 @@ EXPECTED = {
     ],
     1: [
         "CUDA 13.0.2 toolkit: include/cuda_runtime.h edited",
+        "cuda link: /usr/local/cuda resolves to /usr/local/cuda-13.0, the profile wants /usr/local/cuda-12.8",
         "gpufleet-serving.service: line 12 is 'Restart=no', the template has 'Restart=on-failure'",
         "gpufleet-serving.env: CUDA_HOME is /usr/local/cuda-12.8, profile wants /usr/local/cuda-13.0",
     ],
@@ -115,6 +118,7 @@ def test_every_damage_is_named_and_repaired(fleet, run_playbook, node_exec):
     # The damaged venv is never changed: node 1 runs a venv built beside it.
     assert ".repair-" in sh(node_exec, fleet.nodes[0], "readlink -f /opt/gpufleet/serving/current")
     assert "cuda-13.0" in sh(node_exec, fleet.nodes[1], f"grep ^CUDA_HOME= {ENV_FILE}")
+    assert sh(node_exec, fleet.nodes[1], "readlink -f /usr/local/cuda") == "/usr/local/cuda-12.8"
     assert sh(node_exec, fleet.nodes[1], "systemctl is-active gpufleet-serving") == "active"
 
     after = run_playbook("playbooks/audit.yml", fleet.inventory, check=True, diff=True)

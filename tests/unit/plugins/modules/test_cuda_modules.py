@@ -403,3 +403,33 @@ def test_apt_check_mode_reports_the_pinned_package(monkeypatch, tmp_path):
     (tmp_path / "gpufleet-cuda.list").write_text(args["repo"] + "\n")
     ok, res = call(cuda_apt, dict(args, version="13.0.1-1"), check=True)
     assert ok and not res["changed"]
+
+
+def test_the_install_marker_keeps_where_the_link_was_first_and_the_host_model_judges_keep_by_it(pushed, tmp_path):
+    from ansible_collections.gpufleet.upgrade.plugins.modules import host_state
+
+    plan, archive_dir = pushed
+    root = tmp_path / "root"
+    (root / "cuda-12.8" / "bin").mkdir(parents=True)
+    (root / "cuda").symlink_to("cuda-12.8")
+    before = tk.link_state(str(root / "cuda"))
+    ok, res = call(cuda_redist, dict(redist_args(root, plan, archive_dir), link_before=before))
+    assert ok and res["changed"], res
+    home = root / "cuda-13.0"
+    assert tk.read_marker(str(home))["link_before"]["resolved"] == str(root / "cuda-12.8")
+    # Someone moves the link; a reinstall (the host model found edited files) keeps the first install's record.
+    (root / "cuda").unlink()
+    (root / "cuda").symlink_to("cuda-13.0")
+    moved = tk.link_state(str(root / "cuda"))
+    ok, res = call(cuda_redist, dict(redist_args(root, plan, archive_dir), link_before=moved, reinstall=True))
+    assert ok and res["changed"], res
+    assert tk.read_marker(str(home))["link_before"]["resolved"] == str(root / "cuda-12.8")
+    args = {"root": str(root), "version": "13.0", "release": "13.0.2", "run_nvcc": False}
+    ok, info = call(cuda_toolkit_info, args)
+    assert ok and info["target"]["link_before"]["resolved"] == str(root / "cuda-12.8")
+    spec = {"home": str(home), "release": "13.0.2", "components": [], "link": str(root / "cuda"), "link_policy": "keep"}
+    ok, judged = call(host_state, {"toolkit": spec})
+    assert ok and not judged["in_sync"], judged
+    assert judged["drift"] == [
+        f"cuda link: {root}/cuda resolves to {root}/cuda-13.0, the profile wants {root}/cuda-12.8"
+    ], judged["drift"]
