@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from lab.common import free_port, log, port_open, run, write_atomic
 
 BACKEND = "serving"
 FRONTEND = "serving_in"
+RING = "errors"
 # Health checks every 500 ms, 2 to go down or up again: a restarted unit is back in rotation about a second after
 # it answers /health.
 CHECK = "check inter 500ms fall 2 rise 2"
@@ -47,6 +49,13 @@ def render(servers: dict[str, int], port: int, socket_path: Path, backend: str =
         "global",
         f"    stats socket {socket_path} mode 600 level admin",
         "    stats timeout 30s",
+        f"    log ring@{RING} local0",
+        "",
+        # Failed and abnormal requests only (dontlog-normal), kept in memory: `show events <ring>` reads them.
+        f"ring {RING}",
+        "    format rfc3164",
+        "    maxlen 1200",
+        "    size 1048576",
         "",
         "defaults",
         "    mode http",
@@ -54,6 +63,9 @@ def render(servers: dict[str, int], port: int, socket_path: Path, backend: str =
         "    timeout client 60s",
         "    timeout server 60s",
         "    retries 0",
+        "    log global",
+        "    option httplog",
+        "    option dontlog-normal",
         "",
         f"frontend {FRONTEND}",
         f"    bind 127.0.0.1:{port}",
@@ -66,6 +78,16 @@ def render(servers: dict[str, int], port: int, socket_path: Path, backend: str =
     ]
     lines += [f"    server {srv} 127.0.0.1:{srv_port} {CHECK}" for srv, srv_port in sorted(servers.items())]
     return "\n".join(lines) + "\n"
+
+
+def error_log(socket_path: str) -> list[str]:
+    """The failed or abnormal requests HAProxy logged (its ring buffer), oldest first."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(socket_path)
+        sock.sendall(f"show events {RING}\n".encode())
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    return [line for line in answer.decode(errors="replace").splitlines() if line.strip()]
 
 
 def fleet_servers(name: str) -> dict[str, int]:

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Set up a fresh machine for the demo and the tests: system packages the lab needs (podman, runc, debootstrap),
+# Set up a fresh machine for the demo and the tests: system packages the lab needs (podman, runc, debootstrap, haproxy),
 # the pinned tooling venv (.venv), and the link that makes this checkout the collection gpufleet.upgrade.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for tool in podman runc debootstrap xz; do
+for tool in podman runc debootstrap xz haproxy; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 if ((${#need[@]})); then
   echo "setup: installing system packages for: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
-  apt-get install -y -q podman runc debootstrap xz-utils uidmap >/dev/null
+  apt-get install -y -q podman runc debootstrap xz-utils uidmap haproxy >/dev/null
 fi
 
 stamp=.venv/.tooling-$(sha256sum requirements/tooling.txt | cut -c1-12)

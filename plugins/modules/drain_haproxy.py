@@ -18,10 +18,10 @@ description:
   - O(state=ready) sends C(set server BACKEND/SERVER state ready), then waits until HAProxy's health check says the
     server runs, so the host is really back in rotation when the task ends.
   - With O(record_dir), the drain writes a record (C(haproxy-BACKEND-SERVER.json)) before it sends the drain and
-    O(state=ready) removes it once the server is back. O(state=ready) puts back only a server that has a record: one
+    O(state=ready) removes it once the server is back. O(state=ready) puts back only a server that has a record; one
     that was already draining or in maintenance before the run (an operator's drain) is left so, and reported. A
     record left by a killed run makes the next run put the server back.
-  - Reads C(show servers state) first; changes only what differs (a drained server is not drained again).
+  - Reads C(show servers state) first and changes only what differs (a drained server is not drained again).
 author:
   - gpufleet maintainers (@gpufleet)
 attributes:
