@@ -59,7 +59,8 @@ def render(servers: dict[str, int], port: int, socket_path: Path, backend: str =
         "",
         "defaults",
         "    mode http",
-        "    timeout connect 2s",
+        # A stopped server refuses at once whatever this is; 5 s keeps a starved machine's slow accept from failing.
+        "    timeout connect 5s",
         "    timeout client 60s",
         "    timeout server 60s",
         "    retries 0",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a fresh machine for the demo and the tests: system packages the lab needs (podman, runc, debootstrap, haproxy)
+# Set up a fresh machine for the demo and the tests: system packages the lab needs (podman, runc, debootstrap, haproxy, slurm)
 # and the report test's chromium,
 # the pinned tooling venv (.venv), and the link that makes this checkout the collection gpufleet.upgrade.
 set -euo pipefail
@@ -7,14 +7,14 @@ cd "$(dirname "$0")/.."
 
 need=()
 # chromium: the fleet report's HTML is opened in headless Chromium by its tests.
-for tool in podman runc debootstrap xz haproxy chromium; do
+for tool in podman runc debootstrap xz haproxy slurmctld slurmd munged chromium; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 if ((${#need[@]})); then
   echo "setup: installing system packages for: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
-  apt-get install -y -q podman runc debootstrap xz-utils uidmap haproxy chromium >/dev/null
+  apt-get install -y -q podman runc debootstrap xz-utils uidmap haproxy slurmctld slurmd slurm-client munge chromium >/dev/null
 fi
 
 stamp=.venv/.tooling-$(sha256sum requirements/tooling.txt | cut -c1-12)

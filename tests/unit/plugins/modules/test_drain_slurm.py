@@ -1,11 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""drain_slurm: parsing and decisions, and the module against stand-in scontrol / sinfo / squeue commands.
+"""drain_slurm: parsing and decisions, the module against stand-in scontrol / sinfo / squeue commands, and against a
+real one-node Slurm cluster (lab/slurm.py: Debian's slurmctld, slurmd and munge) when those are installed.
 
-The answers follow Slurm's documented formats (sinfo --format %N|%T|%E: node name, the extended state that Slurm's
-node_state_string gives in lower case with one flag character, the reason or "none"; squeue --format
-%i|%u|%j|%T|%M). They are not recorded from a running slurmctld: no Slurm cluster runs in this lab yet.
+The answers are recorded from Slurm 22.05.8 (Debian 12): sinfo --format %N|%T|%E gives the node name, the extended
+state (Slurm's node_state_string in lower case, one flag character such as ``*`` for not responding) and the reason
+or ``none``; squeue --format %i|%u|%j|%T|%M gives id, user, name, state and time used.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_slu
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._drain import DrainError
 from ansible_collections.gpufleet.upgrade.plugins.modules import drain_slurm
 
-SINFO = "gpu01|mixed|none\ngpu02|drained|disk replacement\ngpu03|draining*|gpufleet r0\ngpu01|mixed|none\n"
+# Recorded lines (node vm) renamed per node; gpu01 is listed twice, as a node in two partitions is.
+SINFO = "gpu01|mixed|none\ngpu02|drained|gpufleet r1\ngpu03|draining|gpufleet r2\ngpu04|idle*|none\ngpu01|mixed|none\n"
 
 
 @pytest.mark.parametrize(
     ("node", "expected"),
     [
         ("gpu01", {"node": "gpu01", "state": "mixed", "flags": "", "reason": ""}),
-        ("gpu02", {"node": "gpu02", "state": "drained", "flags": "", "reason": "disk replacement"}),
-        ("gpu03", {"node": "gpu03", "state": "draining", "flags": "*", "reason": "gpufleet r0"}),
+        ("gpu02", {"node": "gpu02", "state": "drained", "flags": "", "reason": "gpufleet r1"}),
+        ("gpu03", {"node": "gpu03", "state": "draining", "flags": "", "reason": "gpufleet r2"}),
+        ("gpu04", {"node": "gpu04", "state": "idle", "flags": "*", "reason": ""}),
     ],
 )
 def test_parse_sinfo(node, expected):
@@ -46,8 +49,8 @@ def test_unknown_node_names_the_fix():
 
 
 def test_parse_squeue():
-    jobs = sl.parse_squeue("4711|alice|train|RUNNING|1:02:03\n4712|bob|eval run|RUNNING|0:05\n")
-    assert [j["id"] for j in jobs] == ["4711", "4712"] and jobs[1]["name"] == "eval run"
+    jobs = sl.parse_squeue("2|root|wrap|RUNNING|0:05\n4712|bob|eval run|RUNNING|1:02:03\n")
+    assert [j["id"] for j in jobs] == ["2", "4712"] and jobs[1]["name"] == "eval run" and jobs[0]["time"] == "0:05"
 
 
 def view(state, reason=""):
