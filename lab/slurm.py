@@ -101,7 +101,8 @@ def _wait(what: str, check, timeout: float = 30.0, log_file: Path | None = None)
 def start(name: str) -> dict:
     missing = [t for t in ("munged", "slurmctld", "slurmd", "scontrol") if shutil.which(t) is None]
     if missing or not MUNGE_KEY.exists():
-        raise RuntimeError(f"missing {missing or [str(MUNGE_KEY)]}; apt-get install slurmctld slurmd slurm-client munge")
+        need = missing or [str(MUNGE_KEY)]
+        raise RuntimeError(f"missing {need}; run scripts/setup.sh (apt-get install slurmctld slurmd munge)")
     stop(name)
     folder = slurm_dir(name)
     for sub in ("state", "spool"):
