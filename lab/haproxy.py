@@ -98,16 +98,28 @@ def fleet_servers(name: str) -> dict[str, int]:
     return {node: nd["serving_port"] for node, nd in state["nodes"].items()}
 
 
-def _pid(name: str) -> int | None:
-    path = haproxy_dir(name) / "haproxy.pid"
+def running_pid(pid_file: Path) -> int | None:
+    """The pid in ``pid_file`` while that process runs (a daemon this lab started), else None."""
     try:
-        pid = int(path.read_text().split()[0])
+        pid = int(pid_file.read_text().split()[0])
         # An ended daemon nobody reaped is a zombie: it no longer runs.
         if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
             return None
         return pid
     except (OSError, ValueError, IndexError):
         return None
+
+
+def end_daemon(pid_file: Path, timeout: float = 10.0) -> bool:
+    """SIGTERM the daemon of ``pid_file`` and wait until it ended; True when one was running."""
+    pid = running_pid(pid_file)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while running_pid(pid_file) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return True
 
 
 def start(name: str, port: int | None = None) -> dict:
@@ -129,7 +141,13 @@ def start(name: str, port: int | None = None) -> dict:
         if time.monotonic() > deadline:
             raise RuntimeError(f"haproxy did not listen on 127.0.0.1:{port} with socket {socket_path} in 10 s")
         time.sleep(0.1)
-    info = {"port": port, "socket": str(socket_path), "config": str(config), "backend": BACKEND, "pid": _pid(name)}
+    info = {
+        "port": port,
+        "socket": str(socket_path),
+        "config": str(config),
+        "backend": BACKEND,
+        "pid": running_pid(folder / "haproxy.pid"),
+    }
     write_atomic(folder / "haproxy.json", json.dumps(info, indent=2) + "\n")
     log(f"lab {name}: haproxy on 127.0.0.1:{port}, socket {socket_path}")
     return info
@@ -137,15 +155,9 @@ def start(name: str, port: int | None = None) -> dict:
 
 def stop(name: str) -> bool:
     """End the HAProxy this lab started (by its pid file); True when one was running."""
-    pid = _pid(name)
-    if pid is None:
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while _pid(name) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    ended = end_daemon(haproxy_dir(name) / "haproxy.pid")
     (haproxy_dir(name) / "admin.sock").unlink(missing_ok=True)
-    return True
+    return ended
 
 
 def main(argv=None) -> int:

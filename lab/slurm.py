@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from lab import nodes
 from lab.common import free_port, log, write_atomic
+from lab.haproxy import end_daemon
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 MUNGE_KEY = Path("/etc/munge/munge.key")
@@ -73,16 +73,6 @@ def render(folder: Path, node: str, ctld_port: int, slurmd_port: int, cpus: int)
             "",
         ]
     )
-
-
-def _pid(path: Path) -> int | None:
-    try:
-        pid = int(path.read_text().split()[0])
-        if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
-            return None
-        return pid
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def client_env(name: str) -> dict[str, str]:
@@ -144,17 +134,7 @@ def start(name: str) -> dict:
 def stop(name: str) -> list[str]:
     """End the daemons this lab started (by their pid files), slurmd first."""
     folder = slurm_dir(name)
-    ended = []
-    for daemon in reversed(DAEMONS):
-        pid = _pid(folder / f"{daemon}.pid")
-        if pid is None:
-            continue
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while _pid(folder / f"{daemon}.pid") is not None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        ended.append(daemon)
-    return ended
+    return [daemon for daemon in reversed(DAEMONS) if end_daemon(folder / f"{daemon}.pid")]
 
 
 def main(argv=None) -> int:
