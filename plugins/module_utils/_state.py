@@ -24,7 +24,20 @@ import tempfile
 
 # Every phase a run records, in run order (recover: the rollback of an interrupted run; drain/undrain: taking the
 # host out of service and back, see the serving role).
-PHASES = ("preflight", "recover", "assess", "backup", "drain", "cuda_toolkit", "venv_rebuild", "postcheck", "undrain")
+# The host serves until the drain: the toolkit and the new venv are prepared before it, the switch and the post-check
+# fall between drain and undrain.
+PHASES = (
+    "preflight",
+    "recover",
+    "assess",
+    "backup",
+    "cuda_toolkit",
+    "prepare",
+    "drain",
+    "venv_rebuild",
+    "postcheck",
+    "undrain",
+)
 RESULTS = ("in_progress", "upgraded", "repaired", "rolled_back", "rollback_failed", "failed_preflight", "failed")
 STATE_VERSION = 1
 

@@ -169,6 +169,8 @@ def phase_note(phase, facts) -> dict:
         return {phase: f"ok: {facts.get('backup_id')} ({how})"}
     if phase == "cuda_toolkit":
         return {phase: f"ok: {facts.get('cuda_toolkit_home') or 'installed'}"}
+    if phase == "prepare":
+        return {phase: f"ok: {facts.get('venv_rebuild_path') or '?'} built and verified, the host still serving"}
     if phase == "venv_rebuild":
         return {phase: f"ok: current -> {facts.get('venv_rebuild_path') or '?'}"}
     if phase == "postcheck":
