@@ -206,8 +206,7 @@ def test_verify_file_tells_a_wrong_manifest_size_from_a_bad_download(tmp_path):
             rd.verify_file(str(path), good, listed, component="cuda_nvcc", manifest="redistrib_13.0.2.json")
         msg = str(info.value)
         assert (
-            info.value.kind == "manifest_size"
-            and "is 1000 bytes, while the size field in redistrib_13.0.2.json" in msg
+            info.value.kind == "manifest_size" and "is 1000 bytes, while the size field in redistrib_13.0.2.json" in msg
         )
         assert f"says {listed}" in msg and "running again will not help" in msg
     # Another sha256 and larger than listed: another file under this name, not a cut download.
