@@ -312,7 +312,7 @@ def run_measured(argv: list[str], env: dict, log: Path, exclude: set[int], ssh_p
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
         with SshMeter(ssh_ports) as meter:
-            lo0, t0 = lo_tx_bytes(), time.monotonic()
+            lo0, t0, started = lo_tx_bytes(), time.monotonic(), time.time()
             with log.open("wb") as out:
                 proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
                 _, status, ru = os.wait4(proc.pid, 0)
@@ -342,7 +342,8 @@ def run_measured(argv: list[str], env: dict, log: Path, exclude: set[int], ssh_p
         "lo_bytes": lo1 - lo0,
         "ssh_bytes": meter.total,
         "ssh_connections": len(meter.seen),
-        "started": time.time() - wall,
+        "reap_s": round(time.monotonic() - t0 - wall, 1),
+        "started": started,
     }
 
 
