@@ -114,11 +114,18 @@ def fleet(lab_fleet):
     return lab_fleet(4, name="drain")
 
 
+def checked_up(socket_path):
+    """Every server UP by a passed health check: at start HAProxy counts a server UP before its first check."""
+    rows = hx.parse_stat(hx.Runtime(socket_path).command("show stat serving 4 -1"))
+    return bool(rows) and all(r["status"] == "UP" and r["check_status"] == "L7OK" for r in rows)
+
+
 @pytest.fixture(scope="module")
 def balancer(fleet):
     info = lab_haproxy.start(fleet.name)
-    deadline = time.monotonic() + 30
-    while not all(hx.in_rotation(v) for v in servers(info["socket"]).values()):
+    deadline = time.monotonic() + 60
+    # A freshly seeded unit answers 503 until it is ready; the load starts once each passed HAProxy's check.
+    while not checked_up(info["socket"]):
         assert time.monotonic() < deadline, f"lab servers not UP behind haproxy: {servers(info['socket'])}"
         time.sleep(0.5)
     yield info
