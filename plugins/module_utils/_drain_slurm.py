@@ -57,7 +57,7 @@ def parse_sinfo(text, node):
         name, sep, rest = line.strip().partition("|")
         if not sep or name != node:
             continue
-        state, _, reason = rest.partition("|")
+        state, _bar, reason = rest.partition("|")
         state = state.strip().lower()
         flags = "".join(c for c in state if c in FLAGS)
         reason = reason.strip()

@@ -171,7 +171,7 @@ def test_rolling_upgrade_behind_haproxy_fails_no_request(fleet, balancer, run_pl
     keys = ("stot", "hrsp_5xx", "econ", "eresp", "srv_abrt", "cli_abrt")
     print("haproxy counters:", {r["svname"]: {k: r[k] for k in keys} for r in counters})
     errors = lab_haproxy.error_log(balancer["socket"])
-    print(f"haproxy logged {len(errors)} failed or abnormal request(s)", *errors[:20], sep="\n")
+    print(f"haproxy logged {len(errors)} event(s): state changes, failed or abnormal requests", *errors[:20], sep="\n")
     outcomes = {node: report_of(result, node)["outcome"] for node in fleet.nodes}
     assert {n: o for n, o in outcomes.items() if n != FAILING} == {
         n: "upgraded" for n in fleet.nodes if n != FAILING

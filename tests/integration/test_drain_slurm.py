@@ -20,7 +20,8 @@ from lab import slurm as lab_slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-JOB_S = 25
+# Long enough to be still running when the drain phase starts (after preflight, assess and backup).
+JOB_S = 90
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_upgrade_waits_for_the_running_job_then_resumes(cluster, fleet, run_play
         "playbooks/upgrade.yml",
         fleet.inventory,
         envvars={"ANSIBLE_TIMEOUT": "60", **cluster["env"]},
-        extravars={"gpufleet_drain": "slurm", "gpufleet_slurm_node": node, "gpufleet_drain_timeout_s": 120},
+        extravars={"gpufleet_drain": "slurm", "gpufleet_slurm_node": node, "gpufleet_drain_timeout_s": 240},
     )
     assert result.rc == 0, str(result)
     host = fleet.nodes[0]

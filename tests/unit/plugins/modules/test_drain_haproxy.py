@@ -202,7 +202,7 @@ class FakeHAProxy:
         if line == "show sess":
             return RECORDED_SESS.replace("srv=drain-node1 ", "srv=node1 ")
         if words[:2] == ["set", "server"] and words[3:4] == ["state"]:
-            backend, _, name = words[2].partition("/")
+            backend, _slash, name = words[2].partition("/")
             if backend != "serving":
                 return "No such backend.\n\n"
             if name not in self.servers:
@@ -216,7 +216,7 @@ class FakeHAProxy:
     def _serve(self):
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn = self.sock.accept()[0]
             except OSError:
                 return
             with conn:
