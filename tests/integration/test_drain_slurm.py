@@ -57,7 +57,7 @@ def test_upgrade_waits_for_the_running_job_then_resumes(cluster, fleet, run_play
     node = cluster["node"]
     done = tmp_path / "job-ended"
     wrap = f"sleep {JOB_S}; date +%s.%N > {done}"
-    job = slurm(cluster, "sbatch", "--parsable", "--wrap", wrap).stdout.strip().split(";")[0]
+    job = slurm(cluster, "sbatch", "--parsable", "--output=/dev/null", "--wrap", wrap).stdout.strip().split(";")[0]
     deadline = time.monotonic() + 30
     while slurm(cluster, "squeue", "-h", "-j", job, "-o", "%T").stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"

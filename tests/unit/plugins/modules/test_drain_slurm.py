@@ -237,7 +237,9 @@ def test_real_slurm_drain_waits_for_a_job_and_resumes(real_slurm, monkeypatch):
     for key, value in real_slurm["env"].items():
         monkeypatch.setenv(key, value)
     node = real_slurm["node"]
-    job = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 4"], capture_output=True, text=True, check=True)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True, check=True
+    )
     job_id = job.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 20
     squeue = ["squeue", "-h", "-j", job_id, "-o", "%T"]
