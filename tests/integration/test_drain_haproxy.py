@@ -25,7 +25,8 @@ import pytest
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_haproxy as hx
 from lab import haproxy as lab_haproxy
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Six to seven minutes (a rolling upgrade of 4 hosts under load): `make integration-long`, not `make test`.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 FAILING = "drain-node3"
 INJECT = f"{{{{ 'after_postcheck' if inventory_hostname == '{FAILING}' else 'none' }}}}"
