@@ -20,8 +20,9 @@ from lab import slurm as lab_slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# Long enough to be still running when the drain phase starts (after preflight, assess and backup).
-JOB_S = 90
+# Long enough to be still running when the drain phase starts (after preflight, assess, backup, the toolkit install
+# and the new venv's build: about a minute and a half on a loaded 2-core machine).
+JOB_S = 180
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@
 """gpufleet_drain=tasks: the operator's hooks run where the drain contract says, on a lab host.
 
 One host, one upgrade that fails after its post-check (gpufleet_fault_inject=after_postcheck): the drain hook runs
-after the backup and before the new toolkit exists, the undrain hook runs after the rollback put the old venv back
-(the host serves the old stack when it is put back in service), and each hook runs once.
+just before the switch - the new toolkit is installed and the new venv built while the host still serves, current
+still the old venv - the undrain hook runs after the rollback put the old venv back (the host serves the old stack
+when it is put back in service), and each hook runs once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ HOOK = """---
 - name: Note the {what} hook and how the host looks
   ansible.builtin.shell: |
     printf '%s\\n' "$(date +%s.%N) {what} toolkit=$(test -e /usr/local/cuda-13.0 && echo new || echo old) \\
-    current=$(readlink -f /opt/gpufleet/serving/current)" >> /var/lib/gpufleet/drain-hooks.log
+    current=$(readlink -f /opt/gpufleet/serving/current) venvs=$(ls /opt/gpufleet/serving/venvs | wc -l)" \\
+    >> /var/lib/gpufleet/drain-hooks.log
   changed_when: true
 """
 
@@ -53,6 +55,7 @@ def test_tasks_hooks_run_around_the_upgrade_and_after_a_rollback(fleet, run_play
     log = node_exec(node, ["cat", "/var/lib/gpufleet/drain-hooks.log"]).stdout.split("\n")
     lines = [line.split(" ", 1)[1] for line in log if line.strip()]
     assert [line.split()[0] for line in lines] == ["drain", "undrain"], json.dumps(lines, indent=1)
-    # The drain ran before any change; the undrain after the rollback had put the old venv back.
-    assert lines[0] == f"drain toolkit=old current={OLD_VENV}", lines
-    assert lines[1].endswith(f"current={OLD_VENV}"), lines
+    # The drain ran after the toolkit and the new venv were prepared (two venvs), before the switch; the undrain after
+    # the rollback had put the old venv back.
+    assert lines[0] == f"drain toolkit=new current={OLD_VENV} venvs=2", lines
+    assert f"current={OLD_VENV} " in lines[1], lines
