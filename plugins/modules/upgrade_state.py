@@ -42,7 +42,7 @@ options:
   phase:
     description: Phase reached.
     type: str
-    choices: [preflight, recover, assess, backup, drain, cuda_toolkit, venv_rebuild, postcheck, undrain]
+    choices: [preflight, recover, assess, backup, cuda_toolkit, prepare, drain, venv_rebuild, postcheck, undrain]
   status:
     description: Whether O(phase) has started or completed.
     type: str
