@@ -57,6 +57,8 @@ KINDS = {
     "rolled_back": Kind("rolled back", "rolled back: {detail}", False, True, "rolled_back"),
     "rollback_failed": Kind("ROLLBACK FAILED", "ROLLBACK FAILED: {detail}", False, True, "rollback_failed"),
     "not_started": Kind("not started", "not started: {detail}", False, False, None),
+    # The inventory set gpufleet_skip for the host: nothing ran on it, by the operator's choice.
+    "skipped": Kind("skipped by operator", "skipped by operator ({detail})", True, False, None),
     # playbooks/rollback.yml: the rollback role's own words ("rolled back to backup ...", "nothing to roll back: ...").
     "restored": Kind("rolled back", "{detail}", True, False, "rolled_back"),
     "nothing_to_roll_back": Kind("nothing to roll back", "{detail}", True, False, None),

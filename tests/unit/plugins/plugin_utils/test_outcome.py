@@ -158,3 +158,10 @@ def test_a_failure_in_the_assess_phase_changed_nothing():
     assert o.phase_note("assess", {"assess_result": {"in_sync": True}}) == {"assess": "in sync"}
     drifted = {"assess_result": {"drift": ["x: a", "y: b"], "drifted": ["toolkit", "serving venv"]}}
     assert o.phase_note("assess", drifted) == {"assess": "drift in toolkit, serving venv"}
+
+
+def test_a_host_the_operator_skipped_is_ok_and_no_failure():
+    skipped = o.outcome("skipped", "gpufleet_skip is set for this host")
+    assert skipped["text"] == "skipped by operator (gpufleet_skip is set for this host)"
+    assert skipped["ok"] and not skipped["counts_as_failure"] and skipped["state_result"] is None
+    assert o.report_kind({"outcome_kind": "skipped"}).label == "skipped by operator"
