@@ -12,8 +12,8 @@ from __future__ import annotations
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup
 
 
-def restore_differences(backed_up, now, venv_rebuilt=False):
-    return _backup.restore_differences(backed_up or {}, now or {}, bool(venv_rebuilt))
+def restore_differences(backed_up, now, compare_lock=True):
+    return _backup.restore_differences(backed_up or {}, now or {}, bool(compare_lock))
 
 
 class FilterModule:

@@ -225,17 +225,17 @@ def rollback_choice(manifests, digest, venv_path=None) -> dict:
     return out
 
 
-def restore_differences(backed_up, now, venv_rebuilt=False) -> list:
+def restore_differences(backed_up, now, compare_lock=True) -> list:
     """What of a backup's snapshot the host does not match after a restore, in words: the venv (path and lock),
     the global CUDA link and the alternatives choice, and every recorded file (content, kind, link target).
-    Toolkits are left out: a rollback keeps a new toolkit installed beside the old one. A venv the rollback rebuilt
-    (it had been removed) is not held to the backup's package list byte for byte: the rebuild verified it against
-    the backup's lock, leaving aside the packages a new venv brings (pip, setuptools)."""
+    Toolkits are left out: a rollback keeps a new toolkit installed beside the old one. ``compare_lock=False``
+    leaves the venv's packages to the caller: a venv the rollback rebuilt from the lock holds what a new venv brings
+    (pip, setuptools) besides it, so its package list differs byte for byte and is compared package by package."""
     out = []
     venv_then, venv_now = backed_up.get("venv") or {}, now.get("venv") or {}
     if venv_then.get("path") != venv_now.get("path"):
         out.append(f"serving venv: current is {venv_now.get('path')}, the backup had {venv_then.get('path')}")
-    elif not venv_rebuilt and venv_then.get("lock_sha256") != venv_now.get("lock_sha256"):
+    elif compare_lock and venv_then.get("lock_sha256") != venv_now.get("lock_sha256"):
         out.append(f"serving venv {venv_now.get('path')}: its packages differ from the backup's lock")
     cuda_then, cuda_now = backed_up.get("cuda") or {}, now.get("cuda") or {}
     if cuda_then.get("target") != cuda_now.get("target"):

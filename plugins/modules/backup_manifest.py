@@ -151,6 +151,11 @@ manifest:
           C(cuda_home), C(cuda_version), and C(model) (O(model), or null).
         - A reused backup keeps the record of when it was taken.
       type: dict
+venv_packages:
+  description: The serving venv's packages as listed now (C(name==version) lines, the venv's lock or freeze).
+  returned: always
+  type: list
+  elements: str
 pruned:
   description: Backup ids removed by retention.
   returned: always
@@ -415,6 +420,9 @@ def run(module):
         for old in result["pruned"]:
             bk.remove_tree(os.path.join(backups_dir, old))
     result.update(backup_id=backup_id, path=os.path.join(backups_dir, backup_id), manifest=manifest)
+    # The venv's packages as listed now (the manifest keeps only their sha256): a rollback compares them with the
+    # backup's lock package by package.
+    result["venv_packages"] = bk.freeze_lines(lock_text) if lock_text else []
     if module._diff:
         result["diff"] = {
             "before": {"backups": ids_before},
