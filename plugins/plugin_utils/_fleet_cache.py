@@ -2,7 +2,10 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The run's fleet cache on the controller: start it once per run (reused by every batch), say where hosts find
-it, stop it and count what it served. The server itself is ``_fleet_cache_server.py`` (Python's http.server)."""
+it, stop it and count what it served. The server itself is ``_fleet_cache_server.py`` (Python's http.server).
+
+One server per mount set (the wheels of role venv_rebuild, the redist archives of role cuda_toolkit: each role names
+its own folder), each with its state, ready file and access log in the run's folder."""
 
 from __future__ import annotations
 
@@ -14,10 +17,18 @@ import sys
 import time
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fleet_cache_server.py")
-STATE = "fleet-cache.json"
-READY = "fleet-cache.ready"
-ACCESS_LOG = "fleet-cache.access.jsonl"
-SERVER_LOG = "fleet-cache.log"
+PREFIX = "fleet-cache"
+
+
+def _files(run_dir, mounts) -> dict:
+    """State, ready, access-log and server-log paths of the server for these mount names."""
+    base = os.path.join(run_dir, f"{PREFIX}-{'-'.join(sorted(mounts))}")
+    return {
+        "state": base + ".json",
+        "ready": base + ".ready",
+        "access_log": base + ".access.jsonl",
+        "log": base + ".log",
+    }
 
 
 class FleetCacheError(Exception):
@@ -34,9 +45,9 @@ def alive(pid) -> bool:
     return True
 
 
-def read_state(run_dir):
+def read_state(path):
     try:
-        with open(os.path.join(run_dir, STATE), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None
@@ -44,23 +55,25 @@ def read_state(run_dir):
 
 def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, timeout=15.0) -> dict:
     """The running cache of this run (started now, or ``reused``): ``{pid, port, bind, mounts, access_log}``."""
-    state = read_state(run_dir)
+    files = _files(run_dir, mounts)
+    state = read_state(files["state"])
     mounts = {name: os.path.realpath(folder) for name, folder in sorted(mounts.items())}
     if state and alive(state.get("pid")) and state.get("mounts") == mounts and state.get("bind") == bind:
         return dict(state, reused=True)
     for name, folder in mounts.items():
         if not os.path.isdir(folder):
             raise FleetCacheError(f"fleet cache: the folder to serve under /{name}/ ({folder}) does not exist")
+    if state and alive(state.get("pid")):  # the same mounts' server with other folders: replace it
+        _end(state.get("pid"))
     os.makedirs(run_dir, exist_ok=True)
-    ready = os.path.join(run_dir, READY)
+    ready, access_log = files["ready"], files["access_log"]
     if os.path.exists(ready):
         os.unlink(ready)
-    access_log = os.path.join(run_dir, ACCESS_LOG)
     argv = [python or sys.executable, SERVER, "--bind", bind, "--port", str(port), "--ready", ready]
     argv += ["--watch-pid", str(watch_pid or os.getpid()), "--access-log", access_log]
     for name, folder in mounts.items():
         argv += ["--mount", f"{name}={folder}"]
-    with open(os.path.join(run_dir, SERVER_LOG), "ab") as log:
+    with open(files["log"], "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + timeout
     while not os.path.exists(ready):
@@ -69,36 +82,44 @@ def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, 
                 proc.kill()
             raise FleetCacheError(
                 f"fleet cache: the HTTP server did not start on {bind}:{port} (exit {proc.poll()}): "
-                f"{tail(os.path.join(run_dir, SERVER_LOG))}; fix: free the port or set gpufleet_fleet_cache_port,"
+                f"{tail(files['log'])}; fix: free the port or set gpufleet_fleet_cache_port,"
                 " or give a site cache in gpufleet_fleet_cache_url"
             )
         time.sleep(0.05)
     with open(ready, encoding="utf-8") as handle:
         info = json.load(handle)
     state = {"pid": info["pid"], "port": info["port"], "bind": bind, "mounts": mounts, "access_log": access_log}
-    tmp = os.path.join(run_dir, STATE + ".tmp")
+    tmp = files["state"] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(state, handle, indent=1)
-    os.replace(tmp, os.path.join(run_dir, STATE))
+    os.replace(tmp, files["state"])
     return dict(state, reused=False)
 
 
 def stop(run_dir, timeout=10.0) -> dict:
-    """Stop the run's cache (if it runs) and return what it served (``served``)."""
-    state = read_state(run_dir)
-    if not state:
-        return {"stopped": False, "served": served(None)}
-    pid = state.get("pid")
-    stopped = False
-    if alive(pid):
-        os.kill(int(pid), signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while alive(pid) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.05)
-        stopped = not alive(pid)
-    os.unlink(os.path.join(run_dir, STATE))
-    return {"stopped": stopped, "served": served(state.get("access_log"))}
+    """Stop the run's caches (those that run) and return what they served together (``served``)."""
+    try:
+        names = sorted(n for n in os.listdir(run_dir) if n.startswith(PREFIX + "-") and n.endswith(".json"))
+    except FileNotFoundError:
+        names = []
+    stopped, logs = [], []
+    for name in names:
+        path = os.path.join(run_dir, name)
+        state = read_state(path) or {}
+        if alive(state.get("pid")):
+            stopped.append(_end(state.get("pid"), timeout))
+        logs.append(state.get("access_log"))
+        os.unlink(path)
+    return {"stopped": bool(stopped) and all(stopped), "servers": len(names), "served": served(*logs)}
+
+
+def _end(pid, timeout=10.0) -> bool:
+    os.kill(int(pid), signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.05)
+    return not alive(pid)
 
 
 def _reap(pid) -> None:
@@ -108,25 +129,29 @@ def _reap(pid) -> None:
         pass
 
 
-def served(access_log) -> dict:
-    """Requests and bytes the cache served, in all and per client address, from its access log."""
+def served(*access_logs) -> dict:
+    """Requests and bytes the caches served, in all and per client address, from their access logs."""
     out = {"requests": 0, "bytes": 0, "errors": 0, "clients": {}}
-    if not access_log or not os.path.exists(access_log):
-        return out
-    with open(access_log, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            out["requests"] += 1
-            out["bytes"] += int(record.get("bytes") or 0)
-            status = record.get("status")
-            out["errors"] += 1 if isinstance(status, int) and status >= 400 else 0
-            client = out["clients"].setdefault(record.get("client", "?"), {"requests": 0, "bytes": 0})
-            client["requests"] += 1
-            client["bytes"] += int(record.get("bytes") or 0)
+    for line in _lines(access_logs):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        out["requests"] += 1
+        out["bytes"] += int(record.get("bytes") or 0)
+        status = record.get("status")
+        out["errors"] += 1 if isinstance(status, int) and status >= 400 else 0
+        client = out["clients"].setdefault(record.get("client", "?"), {"requests": 0, "bytes": 0})
+        client["requests"] += 1
+        client["bytes"] += int(record.get("bytes") or 0)
     return out
+
+
+def _lines(paths):
+    for path in paths:
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                yield from handle
 
 
 def host_url(ssh_client, port, override_host=None) -> str:

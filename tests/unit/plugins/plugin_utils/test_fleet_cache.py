@@ -92,3 +92,22 @@ def test_host_url_is_the_controller_address_the_host_sees():
     assert fc.host_url("10.88.0.1 51234 22", 8000, "cache.example.internal") == "http://cache.example.internal:8000"
     with pytest.raises(fc.FleetCacheError, match="set gpufleet_fleet_cache_host"):
         fc.host_url("", 8000)
+
+
+def test_each_role_gets_a_server_for_its_folder_and_stop_ends_them_all(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "r").mkdir()
+    (tmp_path / "w" / "a.whl").write_bytes(b"a" * 10)
+    (tmp_path / "r" / "b.tar.xz").write_bytes(b"b" * 20)
+    run_dir = str(tmp_path / "run")
+    wheels = fc.start(run_dir, {"wheels": str(tmp_path / "w")}, bind="127.0.0.1")
+    redist = fc.start(run_dir, {"redist": str(tmp_path / "r")}, bind="127.0.0.1")
+    assert wheels["pid"] != redist["pid"] and not redist["reused"]
+    assert fc.start(run_dir, {"wheels": str(tmp_path / "w")}, bind="127.0.0.1")["reused"]
+    assert get(wheels, "/wheels/a.whl")[0] == 200 and get(redist, "/redist/b.tar.xz")[0] == 200
+    assert get(wheels, "/redist/b.tar.xz")[0] == 404  # a server serves only its own folder
+    time.sleep(0.2)
+    result = fc.stop(run_dir)
+    assert result["stopped"] and result["servers"] == 2
+    assert (result["served"]["requests"], result["served"]["bytes"]) == (3, 30)
+    assert not fc.alive(wheels["pid"]) and not fc.alive(redist["pid"])
