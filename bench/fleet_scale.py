@@ -20,7 +20,7 @@ For each N and distribution: a fresh lab fs-<N> at the old stack, a fresh contro
   everything pushed) and the run's fleet cache server are reaped here too: os.wait4 gives each one's rusage;
 - bytes over loopback (/proc/net/dev 'lo' tx delta): every byte of the run crosses lo once (lab nodes share the
   machine's network namespace), with TCP/IP headers, and with anything else on the machine at the same time;
-- fleet cache bytes (the run's fleet-cache.access.jsonl), upstream bytes (the private indexes' access logs);
+- fleet cache bytes (the run's fleet-cache-<mount>.access.jsonl), upstream bytes (the private indexes' access logs);
 - SSH bytes: the payload of every TCP connection to the lab nodes' sshd ports, polled with ss every 0.5 s;
   and, as asked, the estimate lo - fleet cache - upstream, which on a shared machine also counts other work.
 """
@@ -417,7 +417,7 @@ def run_case(count: int, distribution: str, up: Upstreams, keep: bool) -> dict:
         row["tasks_per_host"] = round(sum(s["ok"] + s["skipped"] for s in stats.values()) / max(1, len(stats)), 1)
         if m["rc"] != 0 or row["ok_hosts"] != count:
             row["failures"] = failures(text)
-        cache = [r for p in controller.glob("runs/*/fleet-cache.access.jsonl") for r in _jsonl(p)]
+        cache = [r for p in controller.glob("runs/*/fleet-cache-*.access.jsonl") for r in _jsonl(p)]
         row["fleet_cache_bytes"] = sum(r.get("bytes") or 0 for r in cache)
         row["fleet_cache_wheel_bytes"] = sum(r.get("bytes") or 0 for r in cache if r["path"].startswith("/wheels/"))
         row["fleet_cache_redist_bytes"] = sum(r.get("bytes") or 0 for r in cache if r["path"].startswith("/redist/"))
