@@ -119,9 +119,14 @@ def test_link_policy_target_moves_the_link_once(fleet, run_playbook, node_exec, 
     assert sh(node_exec, node, "readlink -f /usr/local/cuda") == TARGET
     res = run_playbook(PLAY, fleet.inventory, extravars=extra, limit=node)
     assert res.stats[node]["changed"] == 0, changed(res, node)
-    # keep holds the link wherever it is now; the old tree is still intact and working.
-    res = run_playbook(PLAY, fleet.inventory, extravars={"cuda_toolkit_cache_dir": str(cache_dir)}, limit=node)
-    assert res.stats[node]["changed"] == 0 and sh(node_exec, node, "readlink -f /usr/local/cuda") == TARGET
+    # keep holds the link where it was before this toolkit came (the install marker's record): back to 12.8, once;
+    # the old tree is still intact and working.
+    keep = {"cuda_toolkit_cache_dir": str(cache_dir)}
+    res = run_playbook(PLAY, fleet.inventory, extravars=keep, limit=node)
+    assert changed(res, node) == [res.task("Hold the global link to the link policy", host=node).task]
+    assert sh(node_exec, node, "readlink -f /usr/local/cuda") == OLD
+    res = run_playbook(PLAY, fleet.inventory, extravars=keep, limit=node)
+    assert res.stats[node]["changed"] == 0, changed(res, node)
     assert "release 12.8" in sh(node_exec, node, f"{OLD}/bin/nvcc --version")
 
 
