@@ -425,7 +425,12 @@ def test_corrupted_download_and_full_disk(
     converged, _result = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
     record("cuda_toolkit (download)", "corrupted archive from the mirror", n1, out1[0], out1[1], converged[n1])
     record(
-        "cuda_toolkit (archives to the host)", "full disk (256 KiB tmpfs under the archive dir)", n2, out2[0], out2[1], converged[n2]
+        "cuda_toolkit (archives to the host)",
+        "full disk (256 KiB tmpfs under the archive dir)",
+        n2,
+        out2[0],
+        out2[1],
+        converged[n2],
     )
     assert_safe({n1: out1, n2: out2}, converged, {n1: "rolled back", n2: "rolled back"})
 
