@@ -152,7 +152,7 @@ def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_pl
         extravars={"rollback_server_info_url": "http://127.0.0.1:{{ gpufleet_serving_port }}/get_server_info"},
     )
     assert back.rc == 0, back
-    chosen = {r.host: r.res for r in back.tasks("Read the backup")}
+    chosen = {node: back.task("Read the backup", host=node).res for node in fleet.nodes}
     judged = {r.host: r.res["ansible_facts"]["rollback_check"] for r in back.tasks("Judge the restored host")}
     for node in fleet.nodes:
         assert chosen[node]["passed_over"], chosen[node]
