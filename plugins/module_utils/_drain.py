@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What every drain provider shares: a bounded wait. Pure logic, no Ansible.
+"""What every drain provider shares: the wait options, a bounded wait, drain records. Pure logic, no Ansible.
 
 A drain is three steps: take the host out of rotation, wait until it is idle (bounded: a host whose work never ends
 must fail the run with what was still running, not hang it), and put it back. The providers (``_drain_haproxy``,
@@ -14,6 +14,18 @@ import os
 import time
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state
+
+# The options every drain module shares, documented once in doc fragment gpufleet.upgrade.drain_wait.
+WAIT_ARGS = dict(
+    wait=dict(type="bool", default=True),
+    timeout_s=dict(type="float", default=600),
+    interval_s=dict(type="float", default=1.0),
+)
+
+
+def argument_spec(**own):
+    """A drain module's argument spec: its own options and the shared wait options (a fresh copy each call)."""
+    return {**own, **{name: dict(spec) for name, spec in WAIT_ARGS.items()}}
 
 
 class DrainError(Exception):

@@ -17,6 +17,18 @@ HAProxy 2.6 (Debian 12):
   is a server's current sessions, ``status`` UP / DOWN / DRAIN / MAINT / NOLB / no check.
 * ``show sess``: one line per stream (``0x...: proto=tcpv4 src=... fe=... be=<backend> srv=<server> ... age=1s``);
   its format is not a stable interface, so it only ever serves as text in a message.
+* ``show table``: one line per stick table, ``# table: <name>, type: ip, size:1024, used:1``; ``show table <name>
+  data.server_id eq <id>`` adds one line per entry pointing at server ``<id>`` (``0x...: key=127.0.0.1 use=0
+  exp=599791 server_id=1 server_key=node1``); ``clear table <name> data.server_id eq <id>`` removes them (an empty
+  answer; "No such table" otherwise).
+* ``shutdown sessions server <backend>/<server>`` ends every stream of the server at once (an empty answer).
+
+Persistence (management guide, "set server ... state"): a server in ``drain`` leaves load balancing "but still
+allows it to be checked and to accept new persistent connections". A client holding the server's cookie, or whose
+stick-table entry names it, keeps reaching it while it drains; only ``maint`` sends them elsewhere (a request for a
+server in maintenance is balanced to another one, and cookie insertion hands the client the new server's cookie).
+So where the backend keeps clients on their server, the drain takes the server to ``maint`` and clears its
+stick-table entries: what is in flight still ends (``maint`` ends no stream), nothing new arrives.
 
 In non-interactive mode HAProxy answers one command per connection and closes it.
 """
@@ -34,6 +46,9 @@ DRAIN_BITS = 0x08 | 0x10
 OP_STATES = {0: "stopped", 1: "starting", 2: "running", 3: "stopping"}
 ADMIN_STATES = ("ready", "drain", "maint")
 SESSION_LINES = 3
+# What the drain does about clients that stick to the server: move them (maint + clear its stick-table entries) or
+# keep them (HAProxy's drain as it is: they reach the server until it stops).
+PERSISTENCE_MODES = ("move", "keep")
 
 
 class Runtime:
@@ -119,6 +134,7 @@ def server_view(state_rows, stat_rows, backend, server):
         )
     stat = next((r for r in stat_rows if r.get("pxname") == backend and r.get("svname") == server), {})
     return {
+        "id": int(row["srv_id"]),
         "admin": admin_state(row["srv_admin_state"]),
         "admin_mask": int(row["srv_admin_state"]),
         "op_state": OP_STATES.get(int(row["srv_op_state"]), row["srv_op_state"]),
@@ -128,18 +144,21 @@ def server_view(state_rows, stat_rows, backend, server):
     }
 
 
-def plan(want, current, ours):
+def plan(want, current, ours, out="drain"):
     """What to send for ``want`` (drained | ready): ``(state or None, reason)``.
 
     ``current`` is the admin state now; ``ours`` says whether a gpufleet drain record exists for the server (this
     run's, or a killed run's that never undrained it). A server that was out of rotation before any gpufleet drain
-    (an operator's drain or maintenance) gets no record, and the way back leaves it as it is.
+    (an operator's drain or maintenance) gets no record, and the way back leaves it as it is. ``out`` is the state
+    a drain takes the server to (``drain``, or ``maint`` where clients stick to it: see ``out_state``).
     """
     if current not in ADMIN_STATES:
         raise DrainError(f"unknown admin state {current!r}")
     if want == "drained":
         if current == "ready":
-            return "drain", "taken out of rotation (drain)"
+            return out, f"taken out of rotation ({out})"
+        if ours and current == "drain" and out == "maint":
+            return "maint", "set from drain to maint (its clients stick to it)"
         if ours:
             return None, f"already {current} by an earlier gpufleet drain"
         return None, f"already {current} before this run: left so, now and after the run"
@@ -160,6 +179,57 @@ def sessions_of(show_sess, backend, server):
     return [line.strip() for line in show_sess.splitlines() if all(m in f" {line} " for m in marks)]
 
 
+def backend_cookie(stat_rows, backend):
+    """The cookie name of ``backend`` (``cookie`` of its BACKEND row in ``show stat``), "" without a cookie."""
+    row = next((r for r in stat_rows if r.get("pxname") == backend and r.get("svname") == "BACKEND"), {})
+    return row.get("cookie") or ""
+
+
+def table_names(show_table):
+    """The stick tables of ``show table``'s answer."""
+    prefix = "# table: "
+    return [line[len(prefix) :].split(",")[0].strip() for line in show_table.splitlines() if line.startswith(prefix)]
+
+
+def table_entries(show_table):
+    """The entry lines of ``show table <name> ...`` (the header line and blanks left out)."""
+    return [line.strip() for line in show_table.splitlines() if line.startswith("0x")]
+
+
+def persistence(cookie, table, entries):
+    """What keeps clients on the server: ``{cookie, stick_table, stuck}`` (``stuck``: its stick-table entries).
+
+    Only the backend's own stick table (declared in the backend, so named like it) is looked at: an entry of another
+    table names a server by an id that belongs to whichever backend stores into it.
+    """
+    return {"cookie": cookie, "stick_table": table, "stuck": len(entries), "found": bool(cookie or table)}
+
+
+def describe_persistence(found):
+    parts = []
+    if found["cookie"]:
+        parts.append(f"cookie {found['cookie']}")
+    if found["stick_table"]:
+        parts.append(f"stick table {found['stick_table']} ({found['stuck']} client(s) stuck to the server)")
+    return " and ".join(parts)
+
+
+def out_state(mode, found):
+    """Where a drain takes the server: ``maint`` when clients stick to it and ``mode`` is move, else ``drain``."""
+    if mode not in PERSISTENCE_MODES:
+        raise DrainError(f"unknown persistence mode {mode!r}: {' or '.join(PERSISTENCE_MODES)}")
+    return "maint" if mode == "move" and found["found"] else "drain"
+
+
+def keep_warning(backend, server, found):
+    """The warning of a drain that leaves persistent clients on the server (persistence=keep)."""
+    return (
+        f"HAProxy backend {backend} keeps clients on their server ({describe_persistence(found)}): in drain state "
+        f"{backend}/{server} still takes their requests, so they reach the host until it stops; "
+        "gpufleet_haproxy_persistence=move sets it to maint and clears its stick-table entries instead"
+    )
+
+
 def idle(view):
     """Nothing in flight on the server and nothing queued for it."""
     return view["sessions"] == 0 and view["queued"] == 0
@@ -170,16 +240,25 @@ def in_rotation(view):
     return view["admin"] == "ready" and view["op_state"] == "running"
 
 
-def timeout_message(host, backend, server, view, waited_s, sessions, what):
+def timeout_message(host, backend, server, view, waited_s, sessions, what, found=None):
     """The message of a wait that ran out: the host, what was still running, the fix."""
     if what == "idle":
         shown = "; ".join(line[:160] for line in sessions[:SESSION_LINES])
         more = f" (+{len(sessions) - SESSION_LINES} more)" if len(sessions) > SESSION_LINES else ""
+        # In drain state persistent clients keep coming: the wait may never end, and the fix is another one.
+        sticky = (
+            f"; the backend keeps clients on their server ({describe_persistence(found)}) and drain still takes "
+            "their requests: set gpufleet_haproxy_persistence=move"
+            if found and found["found"] and view["admin"] == "drain"
+            else ""
+        )
         return (
             f"{host}: HAProxy server {backend}/{server} still had {view['sessions']} session(s) in flight and "
-            f"{view['queued']} queued after {waited_s:.1f}s of drain"
+            f"{view['queued']} queued after {waited_s:.1f}s of {view['admin']}"
             + (f": {shown}{more}" if shown else "")
-            + "; fix: raise gpufleet_drain_timeout_s, or end those requests; nothing on the host was changed yet"
+            + sticky
+            + "; fix: raise gpufleet_drain_timeout_s, end those requests, or set gpufleet_haproxy_on_timeout=shutdown "
+            "(ends them); nothing on the host was changed yet"
         )
     return (
         f"{host}: HAProxy server {backend}/{server} is {view['admin']} but its health check says "

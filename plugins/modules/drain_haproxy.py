@@ -22,12 +22,22 @@ description:
     that was already draining or in maintenance before the run (an operator's drain) is left so, and reported. A
     record left by a killed run makes the next run put the server back.
   - Reads C(show servers state) first and changes only what differs (a drained server is not drained again).
+  - Persistence. HAProxy's C(drain) state still sends a server the requests of clients that stick to it (a
+    C(cookie) in the backend, or an entry of the backend's stick table naming the server), so those clients keep
+    reaching a host about to restart and the wait until idle may never end. The module looks for both (the
+    backend's cookie name in C(show stat), the server's entries in the stick table named like the backend). With
+    O(persistence=move) it then sets the server to C(maint) instead (requests for a server in maintenance go to the
+    other servers, which hand out their own cookie) and clears the server's stick-table entries
+    (C(clear table BACKEND data.server_id eq ID)); streams in flight still end. With O(persistence=keep) it drains
+    as HAProxy does and warns.
 author:
   - gpufleet maintainers (@gpufleet)
 attributes:
   check_mode:
     support: full
-    description: Reads the server's state and reports what would change; sends no C(set) command and does not wait.
+    description: >-
+      Reads the server's state and the backend's persistence and reports what would change; sends no C(set),
+      C(clear) or C(shutdown) command and does not wait.
   diff_mode:
     support: full
     description: Shows the server's admin state before and after.
@@ -59,18 +69,25 @@ options:
     description: Id of the run, kept in the record.
     type: str
     default: ""
-  wait:
-    description: Wait until the server is idle (O(state=drained)) or runs again (O(state=ready)).
-    type: bool
-    default: true
-  timeout_s:
-    description: Seconds to wait at most.
-    type: float
-    default: 600
-  interval_s:
-    description: Seconds between two looks at the server.
-    type: float
-    default: 1.0
+  persistence:
+    description:
+      - What a drain does where the backend keeps clients on their server (cookie or stick table).
+      - V(move) takes the server to C(maint) and clears its stick-table entries, so those clients go to the other
+        servers; V(keep) leaves them on it while it drains (HAProxy's C(drain)), with a warning.
+      - Without persistence in the backend both drain the server (C(state drain)).
+    type: str
+    choices: [move, keep]
+    default: move
+  on_timeout:
+    description:
+      - What a drain does when the wait runs out with sessions still in flight.
+      - V(fail) fails the task with the sessions; V(shutdown) ends them (C(shutdown sessions server)) and goes on,
+        with a warning naming how many were ended.
+    type: str
+    choices: [fail, shutdown]
+    default: fail
+extends_documentation_fragment:
+  - gpufleet.upgrade.drain_wait
 """
 
 EXAMPLES = r"""
@@ -83,6 +100,16 @@ EXAMPLES = r"""
     record_dir: /var/lib/gpufleet/drain
     run_id: "{{ gpufleet_run_id }}"
     timeout_s: 300
+  delegate_to: lb1
+
+- name: Drain a server of a backend with cookie persistence, ending what still runs after 2 minutes
+  gpufleet.upgrade.drain_haproxy:
+    socket: /run/haproxy/admin.sock
+    backend: sticky
+    server: "{{ inventory_hostname }}"
+    persistence: move
+    on_timeout: shutdown
+    timeout_s: 120
   delegate_to: lb1
 
 - name: Put the host back in rotation, unless it was drained before the run
@@ -122,6 +149,16 @@ waited_s:
   description: Seconds waited.
   returned: always
   type: float
+persistence:
+  description:
+    - What keeps clients on the server, read before any change. C(cookie) is the backend's cookie name (empty
+      without), C(stick_table) the backend's own stick table (empty without), C(stuck) the number of its entries that
+      named the server, C(found) whether either exists.
+    - C(cleared) is the number of stick-table entries this call removed, and C(ended) the number of sessions it ended
+      (O(on_timeout=shutdown)).
+  returned: always
+  type: dict
+  sample: {cookie: SRV, stick_table: "", stuck: 0, found: true, cleared: 0, ended: 0}
 record:
   description: The drain record after this call (empty when there is none).
   returned: always
@@ -142,7 +179,7 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_hap
 
 def build_module():
     return AnsibleModule(
-        argument_spec=dict(
+        argument_spec=dr.argument_spec(
             socket=dict(type="path", required=True),
             backend=dict(type="str", required=True),
             server=dict(type="str", required=True),
@@ -150,9 +187,8 @@ def build_module():
             state=dict(type="str", choices=["drained", "ready"], default="drained"),
             record_dir=dict(type="path"),
             run_id=dict(type="str", default=""),
-            wait=dict(type="bool", default=True),
-            timeout_s=dict(type="float", default=600),
-            interval_s=dict(type="float", default=1.0),
+            persistence=dict(type="str", choices=list(hx.PERSISTENCE_MODES), default="move"),
+            on_timeout=dict(type="str", choices=["fail", "shutdown"], default="fail"),
         ),
         supports_check_mode=True,
     )
@@ -164,18 +200,40 @@ def look(api, backend, server):
     return hx.server_view(states, stats, backend, server)
 
 
-def wait_for(module, api, view, host):
+def look_persistence(api, backend, view):
+    cookie = hx.backend_cookie(hx.parse_stat(api.command(f"show stat {backend} 2 -1")), backend)
+    table = backend if backend in hx.table_names(api.command("show table")) else ""
+    entries = hx.table_entries(api.command(f"show table {table} data.server_id eq {view['id']}")) if table else []
+    return hx.persistence(cookie, table, entries)
+
+
+def clear_stuck(api, backend, view, found):
+    """Remove the server's stick-table entries; the number removed."""
+    if not found["stick_table"]:
+        return 0
+    where = f"{found['stick_table']} data.server_id eq {view['id']}"
+    before = len(hx.table_entries(api.command(f"show table {where}")))
+    reply = api.command(f"clear table {where}").strip()
+    if reply:
+        raise dr.DrainError(f"HAProxy refused `clear table {where}` for {backend}: {reply}")
+    return before - len(hx.table_entries(api.command(f"show table {where}")))
+
+
+def wait_for(module, api, view, host, found):
+    """Wait until the server is idle (drained) or back in rotation (ready); ``(view, waited_s, ended)``."""
     p = module.params
     backend, server = p["backend"], p["server"]
     what = "idle" if p["state"] == "drained" else "running"
     done = hx.idle if what == "idle" else hx.in_rotation
     try:
-        return dr.poll_until(lambda: look(api, backend, server), done, p["timeout_s"], p["interval_s"])
+        return (*dr.poll_until(lambda: look(api, backend, server), done, p["timeout_s"], p["interval_s"]), 0)
     except dr.DrainTimeout as exc:
         last = exc.last or view
+        if what == "idle" and p["on_timeout"] == "shutdown":
+            return shutdown(module, api, last, host, exc.waited_s)
         sessions = hx.sessions_of(api.command("show sess"), backend, server) if what == "idle" else []
         module.fail_json(
-            msg=hx.timeout_message(host, backend, server, last, exc.waited_s, sessions, what),
+            msg=hx.timeout_message(host, backend, server, last, exc.waited_s, sessions, what, found),
             changed=True,
             previous=view["admin"],
             admin_state=last["admin"],
@@ -183,7 +241,23 @@ def wait_for(module, api, view, host):
             status=last["status"],
             sessions=last["sessions"],
             waited_s=exc.waited_s,
+            persistence=found,
         )
+
+
+def shutdown(module, api, last, host, waited_s):
+    """End the server's sessions after a wait that ran out (on_timeout=shutdown), and wait until HAProxy counts 0."""
+    p = module.params
+    backend, server = p["backend"], p["server"]
+    reply = api.command(f"shutdown sessions server {backend}/{server}").strip()
+    if reply:
+        raise dr.DrainError(f"HAProxy refused `shutdown sessions server {backend}/{server}`: {reply}")
+    view, more = dr.poll_until(lambda: look(api, backend, server), hx.idle, 10, min(p["interval_s"], 0.5))
+    module.warn(
+        f"{host}: ended {last['sessions']} session(s) of {backend}/{server} still in flight after {waited_s:.1f}s "
+        "(on_timeout=shutdown); their clients saw the requests cut"
+    )
+    return view, round(waited_s + more, 3), last["sessions"]
 
 
 def run(module):
@@ -194,15 +268,17 @@ def run(module):
     path = dr.record_path(p["record_dir"], "haproxy", backend, server) if p["record_dir"] else None
     record = dr.read_record(path) if path else None
     view = look(api, backend, server)
+    found = look_persistence(api, backend, view)
     # Without records every drained server counts as gpufleet's own: the way back readies it.
     ours = record is not None or (path is None and p["state"] == "ready")
-    action, reason = hx.plan(p["state"], view["admin"], ours)
+    action, reason = hx.plan(p["state"], view["admin"], ours, hx.out_state(p["persistence"], found))
     after = view["admin"] if action is None else action
     new_record = record or {}
     if p["state"] == "drained" and action is not None:
         new_record = {"run_id": p["run_id"], "backend": backend, "server": server, "host": host, "at": time.time()}
     result = {"changed": action is not None, "previous": view["admin"], "admin_state": after, "waited_s": 0.0}
     result["record"] = new_record if path and p["state"] == "drained" else {}
+    result["persistence"] = dict(found, cleared=0, ended=0)
     if module._diff:
         result["diff"] = {
             "before": f"{backend}/{server}: {view['admin']}\n",
@@ -210,6 +286,8 @@ def run(module):
             "before_header": f"HAProxy {p['socket']}",
             "after_header": f"HAProxy {p['socket']}",
         }
+    if found["found"] and p["state"] == "drained" and p["persistence"] == "keep" and view["admin"] != "maint":
+        module.warn(f"{host}: {hx.keep_warning(backend, server, found)}")
     if module.check_mode:
         result.update(op_state=view["op_state"], status=view["status"], sessions=view["sessions"])
         result["msg"] = f"{host}: {backend}/{server} would be {reason}" if action else f"{host}: {reason}"
@@ -219,17 +297,25 @@ def run(module):
         dr.write_record(path, new_record)
     if action is not None:
         hx.check_set_reply(api.command(f"set server {backend}/{server} state {action}"), backend, server, action)
+    # Entries stored by the requests still in flight are cleared after the wait too.
+    sweep = p["state"] == "drained" and after == "maint" and (action is not None or ours)
+    cleared = clear_stuck(api, backend, view, found) if sweep else 0
     # A server left out of rotation on purpose (an operator's drain) is not waited for on the way back.
     if p["wait"] and (p["state"] == "drained" or after == "ready"):
-        view, result["waited_s"] = wait_for(module, api, view, host)
+        view, result["waited_s"], result["persistence"]["ended"] = wait_for(module, api, view, host, found)
     else:
         view = look(api, backend, server)
+    if sweep:
+        cleared += clear_stuck(api, backend, view, found)
+    result["persistence"]["cleared"] = cleared
+    result["changed"] = result["changed"] or cleared > 0
     if path and p["state"] == "ready" and view["admin"] == "ready":
         dr.remove_record(path)
     result.update(
         admin_state=view["admin"], op_state=view["op_state"], status=view["status"], sessions=view["sessions"]
     )
-    result["msg"] = f"{host}: {backend}/{server} {reason}; {view['sessions']} session(s), {view['status']}"
+    sticky = f"; {cleared} stick-table entr{'y' if cleared == 1 else 'ies'} cleared" if cleared else ""
+    result["msg"] = f"{host}: {backend}/{server} {reason}; {view['sessions']} session(s), {view['status']}{sticky}"
     return result
 
 

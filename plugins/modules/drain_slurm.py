@@ -44,18 +44,10 @@ options:
     description: Id of the run; the drain's reason is C(gpufleet RUN_ID).
     type: str
     default: manual
-  wait:
-    description: Wait until the node is DRAINED (O(state=drained)).
-    type: bool
-    default: true
-  timeout_s:
-    description: Seconds to wait at most.
-    type: float
-    default: 600
-  interval_s:
-    description: Seconds between two looks at the node.
-    type: float
-    default: 2.0
+notes:
+  - O(wait) waits until the node is DRAINED after O(state=drained); O(state=resumed) does not wait.
+extends_documentation_fragment:
+  - gpufleet.upgrade.drain_wait
 """
 
 EXAMPLES = r"""
@@ -106,14 +98,11 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_slu
 
 def build_module():
     return AnsibleModule(
-        argument_spec=dict(
+        argument_spec=dr.argument_spec(
             node=dict(type="str", required=True),
             host=dict(type="str"),
             state=dict(type="str", choices=["drained", "resumed"], default="drained"),
             run_id=dict(type="str", default="manual"),
-            wait=dict(type="bool", default=True),
-            timeout_s=dict(type="float", default=600),
-            interval_s=dict(type="float", default=2.0),
         ),
         supports_check_mode=True,
     )

@@ -75,6 +75,7 @@ def test_recorded_stat_and_view():
         hx.parse_servers_state(RECORDED_STATE), hx.parse_stat(RECORDED_STAT), "serving", "drain-node1"
     )
     assert view == {
+        "id": 1,
         "admin": "drain",
         "admin_mask": 8,
         "op_state": "running",
@@ -161,6 +162,55 @@ def test_sessions_of_keeps_the_servers_streams_only():
     assert hx.sessions_of(RECORDED_SESS, "serving", "drain-node") == []
 
 
+# Recorded from haproxy 2.6.12: a backend `st` with `stick-table type ip ...` and `stick on src`, and the BACKEND row
+# of `show stat ck 2 -1` for a backend with `cookie SRV insert indirect nocache` (the header's last fields only).
+RECORDED_TABLES = "# table: st, type: ip, size:1024, used:1\n\n"
+RECORDED_TABLE_ENTRIES = (
+    "# table: st, type: ip, size:1024, used:1\n"
+    "0x55d321037580: key=127.0.0.1 use=0 exp=599791 server_id=1 server_key=a\n\n"
+)
+RECORDED_BACKEND_STAT = "# pxname,svname,scur,status,cookie,mode\nck,BACKEND,0,UP,SRV,http\n\n"
+
+
+def test_persistence_is_read_from_the_cookie_and_the_backends_stick_table():
+    assert hx.backend_cookie(hx.parse_stat(RECORDED_BACKEND_STAT), "ck") == "SRV"
+    assert hx.backend_cookie(hx.parse_stat(RECORDED_STAT), "serving") == ""
+    assert hx.table_names(RECORDED_TABLES) == ["st"] and hx.table_names("\n") == []
+    entries = hx.table_entries(RECORDED_TABLE_ENTRIES)
+    assert entries == ["0x55d321037580: key=127.0.0.1 use=0 exp=599791 server_id=1 server_key=a"]
+    found = hx.persistence("", "st", entries)
+    assert found == {"cookie": "", "stick_table": "st", "stuck": 1, "found": True}
+    assert hx.describe_persistence(found) == "stick table st (1 client(s) stuck to the server)"
+    assert not hx.persistence("", "", [])["found"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "found", "out"),
+    [("move", True, "maint"), ("move", False, "drain"), ("keep", True, "drain"), ("keep", False, "drain")],
+)
+def test_out_state(mode, found, out):
+    assert hx.out_state(mode, hx.persistence("SRV" if found else "", "", [])) == out
+
+
+@pytest.mark.parametrize(
+    ("current", "ours", "action"),
+    [("ready", False, "maint"), ("drain", True, "maint"), ("drain", False, None), ("maint", True, None)],
+)
+def test_plan_with_persistence(current, ours, action):
+    assert hx.plan("drained", current, ours, "maint")[0] == action
+
+
+def test_timeout_in_drain_with_persistence_names_the_fix():
+    view = {"admin": "drain", "sessions": 2, "queued": 0}
+    msg = hx.timeout_message("n1", "ck", "a", view, 5.0, [], "idle", hx.persistence("SRV", "", []))
+    assert "keeps clients on their server (cookie SRV)" in msg and "gpufleet_haproxy_persistence=move" in msg
+    assert "gpufleet_haproxy_on_timeout=shutdown" in msg
+    plain = hx.timeout_message(
+        "n1", "ck", "a", dict(view, admin="maint"), 5.0, [], "idle", hx.persistence("SRV", "", [])
+    )
+    assert "after 5.0s of maint" in plain and "persistence=move" not in plain
+
+
 # --------------------------------------------------------------------------- a fake stats socket
 
 
@@ -199,6 +249,8 @@ class FakeHAProxy:
                 )
                 rows.append(f"serving,{name},0,0,{self._scur(s)},1,,3,0,0,,0,,0,0,0,0,{status},1,1")
             return STAT_HEADER + "\n" + "\n".join(rows) + "\n\n"
+        if line.startswith("show table"):
+            return "\n"
         if line == "show sess":
             return RECORDED_SESS.replace("srv=drain-node1 ", "srv=node1 ")
         if words[:2] == ["set", "server"] and words[3:4] == ["state"]:
@@ -412,3 +464,171 @@ def test_real_haproxy_drain_and_ready(real_haproxy, tmp_path):
     ok, unknown = call(dict(base, server="node9"))
     assert not ok and "no server 'node9' (servers: node1)" in unknown["msg"]
     assert not os.path.exists(tmp_path / "rec" / "haproxy-serving-node1.json")
+
+
+# --------------------------------------------------------------------------- a real haproxy with persistence
+
+
+class _Named(http.server.BaseHTTPRequestHandler):
+    """Answers with the server's name; /slow takes SLOW_S (a request still in flight when the drain waits)."""
+
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(SLOW_S)
+        body = self.server.name.encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass
+
+    def log_message(self, *_):
+        pass
+
+
+SLOW_S = 4
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def sticky_haproxy(tmp_path):
+    """HAProxy with two servers (a, b) behind two backends: ck (cookie SRV) and st (stick table, stick on src)."""
+    binary = shutil.which("haproxy")
+    if binary is None:
+        pytest.skip("haproxy is not installed (scripts/setup.sh installs Debian's package)")
+    servers = {}
+    for name in ("a", "b"):
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Named)
+        httpd.name = name
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers[name] = httpd
+    ports = {"ck": _free_port(), "st": _free_port()}
+    sock = tmp_path / "admin.sock"
+    check = "check inter 200ms rise 1 fall 1"
+    lines = [
+        f"global\n    stats socket {sock} mode 600 level admin",
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 10s",
+    ]
+    for backend, port in ports.items():
+        lines.append(f"frontend fe_{backend}\n    bind 127.0.0.1:{port}\n    default_backend {backend}")
+        persist = (
+            "    cookie SRV insert indirect nocache"
+            if backend == "ck"
+            else "    stick-table type ip size 1k expire 10m\n    stick on src"
+        )
+        srv = [
+            f"    server {n} 127.0.0.1:{h.server_address[1]} {check}" + (f" cookie {n}" if backend == "ck" else "")
+            for n, h in servers.items()
+        ]
+        lines.append(
+            f"backend {backend}\n    balance roundrobin\n    option httpchk GET /health\n{persist}\n" + "\n".join(srv)
+        )
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text("\n".join(lines) + "\n")
+    proc = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    api = hx.Runtime(str(sock))
+    deadline = time.monotonic() + 10
+    while not sock.exists() or "DOWN" in api.command("show stat -1 4 -1") or "UP" not in api.command("show stat"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+        time.sleep(0.05)
+    yield {"socket": str(sock), "ports": ports, "record_dir": str(tmp_path / "rec")}
+    proc.terminate()
+    proc.wait(timeout=10)
+    for httpd in servers.values():
+        httpd.shutdown()
+
+
+def get(port, path="/", cookie=None):
+    """One request through HAProxy: (status, body, Set-Cookie). Each on its own connection, closed after it."""
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Cookie": cookie} if cookie else {})
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        return resp.status, resp.read().decode(), resp.headers.get("Set-Cookie", "")
+
+
+def sticky_args(h, backend, server, **extra):
+    base = {"socket": h["socket"], "backend": backend, "server": server, "host": f"node-{server}"}
+    return {**base, "record_dir": h["record_dir"], "run_id": "r1", "timeout_s": 10, "interval_s": 0.1, **extra}
+
+
+def test_real_cookie_persistence_keep_leaves_clients_move_sends_them_elsewhere(sticky_haproxy):
+    from ansible.module_utils.common import warnings
+
+    h = sticky_haproxy
+    port = h["ports"]["ck"]
+    assert get(port, cookie="SRV=a")[1] == "a"
+    # keep: HAProxy's own drain. Clients holding a's cookie still reach a: the host would see requests until it stops.
+    ok, res = call(sticky_args(h, "ck", "a", persistence="keep"))
+    assert ok and res["admin_state"] == "drain" and res["persistence"]["cookie"] == "SRV", res
+    assert any("keeps clients on their server (cookie SRV)" in w for w in warnings.get_warning_messages())
+    assert [get(port, cookie="SRV=a")[1] for _ in range(3)] == ["a", "a", "a"]
+    assert get(port)[1] == "b", "a drained server took a request without a cookie"
+    ok, back = call(sticky_args(h, "ck", "a", state="ready"))
+    assert ok and back["admin_state"] == "ready" and back["status"] == "UP", back
+    # move (the default): maint. The same client goes to b and is handed b's cookie; nothing fails.
+    ok, res = call(sticky_args(h, "ck", "a"))
+    assert ok and res["changed"] and (res["previous"], res["admin_state"]) == ("ready", "maint"), res
+    answers = [get(port, cookie="SRV=a") for _ in range(3)]
+    assert {(status, body) for status, body, _cookie in answers} == {(200, "b")}, answers
+    assert answers[0][2].startswith("SRV=b"), answers[0]
+    ok, back = call(sticky_args(h, "ck", "a", state="ready"))
+    assert ok and back["changed"] and (back["admin_state"], back["status"]) == ("ready", "UP"), back
+    assert get(port, cookie="SRV=a")[1] == "a"
+
+
+def test_real_stick_table_entries_of_the_server_are_cleared(sticky_haproxy):
+    h = sticky_haproxy
+    port = h["ports"]["st"]
+    first = get(port)[1]
+    other = {"a": "b", "b": "a"}[first]
+    assert [get(port)[1] for _ in range(3)] == [first] * 3, "stick on src did not keep the client"
+    ok, res = call(sticky_args(h, "st", first), check=True)
+    assert ok and res["admin_state"] == "maint" and res["persistence"]["stuck"] == 1, res
+    assert "server_id" in hx.Runtime(h["socket"]).command("show table st"), "check mode cleared the table"
+    ok, res = call(sticky_args(h, "st", first))
+    assert ok and res["admin_state"] == "maint", res
+    assert res["persistence"]["stick_table"] == "st" and res["persistence"]["cleared"] == 1, res
+    assert [get(port)[1] for _ in range(3)] == [other] * 3
+    assert f"server_key={other}" in hx.Runtime(h["socket"]).command("show table st")
+    ok, back = call(sticky_args(h, "st", first, state="ready"))
+    assert ok and back["admin_state"] == "ready", back
+
+
+def test_real_on_timeout_shutdown_ends_what_still_runs(sticky_haproxy):
+    from ansible.module_utils.common import warnings
+
+    h = sticky_haproxy
+    port = h["ports"]["ck"]
+    outcome = {}
+
+    def slow():
+        try:
+            outcome["answer"] = get(port, "/slow", cookie="SRV=a")
+        except OSError as exc:
+            outcome["error"] = exc
+
+    client = threading.Thread(target=slow)
+    client.start()
+    api = hx.Runtime(h["socket"])
+    deadline = time.monotonic() + 5
+    while "ck,a,0,0,1," not in api.command("show stat ck 4 -1"):
+        assert time.monotonic() < deadline, "the slow request did not reach a"
+        time.sleep(0.05)
+    ok, res = call(sticky_args(h, "ck", "a", timeout_s=0.5))
+    assert not ok and "still had 1 session(s) in flight" in res["msg"] and "of maint" in res["msg"], res
+    ok, res = call(sticky_args(h, "ck", "a", timeout_s=0.5, on_timeout="shutdown"))
+    assert ok and res["sessions"] == 0 and res["persistence"]["ended"] == 1, res
+    assert res["waited_s"] < SLOW_S, res
+    assert any("ended 1 session(s) of ck/a" in w for w in warnings.get_warning_messages())
+    client.join(timeout=SLOW_S + 5)
+    assert "error" in outcome, f"the cut request was answered: {outcome}"
