@@ -25,12 +25,17 @@ PACKAGES = [
     "curl",
     "iproute2",
     "procps",
+    # Slurm's node daemon and its authentication (lab/slurm.py starts them on the nodes it puts in a cluster).
+    "slurmd",
+    "munge",
 ]
 OVERLAY = LAB_SRC / "image" / "files"
+SLURM_UNITS = ("munge.service", "slurmd.service")
 
 
 # Bump when the build steps in this file change in a way that changes the image.
-RECIPE_REVISION = 2  # 2: no SSH host keys in the image (each node gets its own at `lab up`)
+# 2: no SSH host keys in the image (each node gets its own at `lab up`); 3: slurmd and munge disabled, no munge key.
+RECIPE_REVISION = 3
 
 
 def recipe_hash() -> str:
@@ -81,6 +86,11 @@ def _customize(rootfs: Path) -> None:
     for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
     (rootfs / "srv/models").mkdir(parents=True, exist_ok=True)
+    # slurmd and munged run only on the nodes `python -m lab.slurm start` puts in a cluster, with the lab's shared
+    # munge key: the image starts neither at boot and carries no key of its own (munge's postinst made one).
+    for unit in SLURM_UNITS:
+        (rootfs / "etc/systemd/system/multi-user.target.wants" / unit).unlink(missing_ok=True)
+    (rootfs / "etc/munge/munge.key").unlink(missing_ok=True)
 
 
 def build_image(force: bool = False) -> str:

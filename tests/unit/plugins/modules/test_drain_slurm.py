@@ -2,7 +2,8 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """drain_slurm: parsing and decisions, the module against stand-in scontrol / sinfo / squeue commands, and against a
-real one-node Slurm cluster (lab/slurm.py: Debian's slurmctld, slurmd and munge) when those are installed.
+real one-node Slurm cluster (lab/slurm.py --local: Debian's slurmctld, slurmd and munge on this machine) when those
+are installed.
 
 The answers are recorded from Slurm 22.05.8 (Debian 12): sinfo --format %N|%T|%E gives the node name, the extended
 state (Slurm's node_state_string in lower case, one flag character such as ``*`` for not responding) and the reason
@@ -223,7 +224,7 @@ def real_slurm():
 
     name = f"unit-slurm-{os.getpid()}"
     try:
-        info = lab_slurm.start(name)
+        info = lab_slurm.start(name, local=True)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         lab_slurm.stop(name)
         pytest.fail(f"the one-node Slurm cluster did not start: {exc}")
