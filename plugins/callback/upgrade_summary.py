@@ -17,7 +17,9 @@ description:
   - Also prints hosts that became unreachable before they could report.
   - While the run goes, prints each batch as it starts (batch k of n and its hosts) and each host as it reports, with
     the batch's hosts done and failed.
-  - At the end writes the fleet report into the run's folder (fact C(gpufleet_run_dir)) - C(report.json),
+  - Writes each host's report, as soon as the host publishes it, to C(<host>.json) in the run's folder (fact
+    C(gpufleet_run_dir)), the controller's record of the run, kept without a task per host.
+  - At the end writes the fleet report into the run's folder - C(report.json),
     C(report.md), C(report.html), C(junit.xml) (C(plugins/plugin_utils/_fleet_report.py)) - and prints its path.
     Phase durations and downtime come from what it saw during the run, so the report exists only where this
     callback is enabled; C(playbooks/audit.yml) publishes C(gpufleet_audit_report), reported the same way.
@@ -182,9 +184,20 @@ class CallbackModule(CallbackBase):
             if isinstance(report, dict):
                 self.published[host] = report
                 self._event(host, "report")
+                self._keep_host_report(host, report)
                 if name == "gpufleet_upgrade_report":
                     self.reports[host] = report
                     self._progress(host, report)
+
+    def _keep_host_report(self, host, report):
+        """The host's report in the run's folder as soon as it is published (the controller's record, not a task)."""
+        folder = self.run_dirs.get(host)
+        if not folder:
+            return
+        try:
+            _fleet_report.write_host(folder, host, report)
+        except OSError as exc:
+            self._display.warning(f"gpufleet: {host}'s report could not be written to {folder}: {exc}")
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         if not ignore_errors:

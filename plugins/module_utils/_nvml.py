@@ -422,3 +422,82 @@ def judge_host(facts: dict, thresholds: dict | None = None, expected_gpu_count: 
     reasons = host_reasons + [r for g in per_gpu for r in g["reasons"]]
     notes = [n for g in per_gpu for n in g["notes"]]
     return {"healthy": not reasons, "reasons": reasons, "notes": notes, "gpus": per_gpu}
+
+
+# --------------------------------------------------------------------------- the host's health, read and judged
+
+# Options of the health thresholds, shared by the modules that judge GPUs (nvml_info, host_state).
+THRESHOLD_SPEC = {
+    "max_uncorrectable_ecc": {"type": "int", "default": 0},
+    "max_pending_row_remaps": {"type": "int", "default": 0},
+    "allow_row_remap_failure": {"type": "bool", "default": False},
+    "allow_pcie_downgrade": {"type": "bool", "default": False},
+    "max_temperature_c": {"type": "int", "default": 87},
+    "forbid_processes": {"type": "bool", "default": True},
+    "fail_on_clock_events": {
+        "type": "list",
+        "elements": "str",
+        "default": list(DEFAULT_THRESHOLDS["fail_on_clock_events"]),
+    },
+}
+
+
+def unavailable_message(host, exc) -> str:
+    return (
+        f"{host}: NVML is not available: {exc}. Install the NVIDIA driver (and nvidia-ml-py for the Python"
+        " that runs Ansible modules), or set gpufleet_gpu_required=false for hosts that have no GPU."
+    )
+
+
+def skipped_health(reason) -> dict:
+    return {
+        "changed": False,
+        "status": "skipped",
+        "healthy": None,
+        "skipped_reason": f"skipped: no GPU ({reason})",
+        "reasons": [],
+        "notes": [],
+        "gpu_count": 0,
+        "gpus": [],
+    }
+
+
+def host_health(loader, gpu_required=True, thresholds=None, expected_gpu_count=None):
+    """Read every GPU through NVML and judge the host: ``(result, facts)``.
+
+    ``facts`` is None when the GPUs were not judged (no NVML or no GPU, and none required: ``result`` says skipped).
+    Raises NvmlUnavailable when NVML cannot be used and a GPU is required.
+    """
+    try:
+        nvml = loader()
+        init(nvml)
+    except NvmlUnavailable as exc:
+        if not gpu_required:
+            return skipped_health(str(exc)), None
+        raise
+    try:
+        facts = collect(nvml)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass  # nothing is left to release when shutdown itself fails
+    if facts["gpu_count"] == 0 and not gpu_required:
+        return dict(skipped_health("NVML sees no GPU"), driver_version=facts["driver_version"]), None
+    verdict = judge_host(facts, thresholds, expected_gpu_count)
+    if facts["gpu_count"] == 0:
+        verdict["reasons"].insert(0, "NVML sees no GPU but one is required (gpufleet_gpu_required)")
+        verdict["healthy"] = False
+    result = {
+        "changed": False,
+        "status": "healthy" if verdict["healthy"] else "unhealthy",
+        "healthy": verdict["healthy"],
+        "reasons": verdict["reasons"],
+        "notes": verdict["notes"],
+        "driver_version": facts["driver_version"],
+        "cuda_driver_version": facts["cuda_driver_version"],
+        "nvml_version": facts["nvml_version"],
+        "gpu_count": facts["gpu_count"],
+        "gpus": verdict["gpus"],
+    }
+    return result, facts

@@ -35,8 +35,32 @@ options:
     elements: dict
     default: []
   gpus:
-    description: The result of M(gpufleet.upgrade.nvml_info) on this host; omitted, not judged.
+    description:
+      - The result of M(gpufleet.upgrade.nvml_info) on this host, judged as the C(gpus) item; omitted (and no
+        O(gpu_health)), the GPUs are not judged.
     type: dict
+  gpu_health:
+    description:
+      - Read the GPUs through NVML here and judge them as M(gpufleet.upgrade.nvml_info) would (the same code), so the
+        model needs no second round trip; the result is returned as RV(gpu_health). Ignored when O(gpus) is given.
+    type: dict
+    suboptions:
+      required:
+        description: A host without NVML or without GPUs fails (as M(gpufleet.upgrade.nvml_info) with gpu_required).
+        type: bool
+        default: true
+      thresholds:
+        description: The health thresholds, as O(gpufleet.upgrade.nvml_info#module:thresholds) of nvml_info.
+        type: dict
+        default: {}
+      expected_gpu_count:
+        description: The number of GPUs the host must have.
+        type: int
+  state_path:
+    description:
+      - The host's state file (C(state.json)) to read and return as RV(last_run), so the audit reads what the last run
+        left in the same call. Absent file, empty RV(last_run).
+    type: path
   drift_is_change:
     description:
       - Report a drifted host as changed (what an audit counts); otherwise the module never reports changed.
@@ -94,6 +118,14 @@ drifted:
   returned: always
   type: list
   elements: str
+gpu_health:
+  description: What O(gpu_health) read and judged, in M(gpufleet.upgrade.nvml_info)'s return format.
+  returned: when O(gpu_health) is given and O(gpus) is not
+  type: dict
+last_run:
+  description: The state file of O(state_path) as the last run left it.
+  returned: when O(state_path) is given
+  type: dict
 items:
   description: Every item, C({item, ok, expected, observed, drift}).
   returned: always
@@ -102,10 +134,13 @@ items:
 """
 
 import os
+import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_model as hm
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
 
 
@@ -137,12 +172,36 @@ def main():
             "venv": {"type": "dict"},
             "files": {"type": "list", "elements": "dict", "default": []},
             "gpus": {"type": "dict"},
+            "gpu_health": {
+                "type": "dict",
+                "options": {
+                    "required": {"type": "bool", "default": True},
+                    "thresholds": {"type": "dict", "default": {}, "options": _nvml.THRESHOLD_SPEC},
+                    "expected_gpu_count": {"type": "int"},
+                },
+            },
+            "state_path": {"type": "path"},
             "drift_is_change": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
     p = module.params
-    items, diffs, file_labels = [], [], set()
+    items, diffs, file_labels, extra = [], [], set(), {}
+    if p["state_path"]:
+        try:
+            extra["last_run"] = st.read_json(p["state_path"]) or {}
+        except st.StateError as exc:
+            module.fail_json(msg=f"{socket.gethostname()}: {exc}; move it aside to start the host's record afresh")
+    gpus = p["gpus"]
+    if gpus is None and p["gpu_health"] is not None:
+        health = p["gpu_health"]
+        try:
+            gpus = _nvml.host_health(
+                _nvml.load_pynvml, health["required"], health["thresholds"], health["expected_gpu_count"]
+            )[0]
+        except _nvml.NvmlUnavailable as exc:
+            module.fail_json(msg=_nvml.unavailable_message(socket.gethostname(), exc), status="failed")
+        extra["gpu_health"] = gpus
     try:
         if p["toolkit"]:
             items += toolkit_items(p["toolkit"])
@@ -168,12 +227,12 @@ def main():
                         "after": spec.get("content") or "",
                     }
                 )
-        if p["gpus"] is not None:
-            items.append(hm.gpu_item(p["gpus"]))
+        if gpus is not None:
+            items.append(hm.gpu_item(gpus))
     except (KeyError, TypeError) as exc:
         module.fail_json(msg=f"host_state: an item spec lacks {exc}; see the module's options for each item's keys")
     verdict = hm.judge(items)
-    result = dict(verdict, changed=bool(p["drift_is_change"] and not verdict["in_sync"]))
+    result = dict(verdict, changed=bool(p["drift_is_change"] and not verdict["in_sync"]), **extra)
     if module._diff:
         other = [line for entry in items if entry["item"] not in file_labels for line in entry["drift"]]
         if other:

@@ -217,22 +217,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gates, _nvml
 
-THRESHOLD_SPEC = {
-    "max_uncorrectable_ecc": {"type": "int", "default": 0},
-    "max_pending_row_remaps": {"type": "int", "default": 0},
-    "allow_row_remap_failure": {"type": "bool", "default": False},
-    "allow_pcie_downgrade": {"type": "bool", "default": False},
-    "max_temperature_c": {"type": "int", "default": 87},
-    "forbid_processes": {"type": "bool", "default": True},
-    "fail_on_clock_events": {
-        "type": "list",
-        "elements": "str",
-        "default": list(_nvml.DEFAULT_THRESHOLDS["fail_on_clock_events"]),
-    },
-}
-
 ARGUMENT_SPEC = {
-    "thresholds": {"type": "dict", "default": {}, "options": THRESHOLD_SPEC},
+    "thresholds": {"type": "dict", "default": {}, "options": _nvml.THRESHOLD_SPEC},
     "gpu_required": {"type": "bool", "default": True},
     "expected_gpu_count": {"type": "int"},
     "gates": {
@@ -252,62 +238,18 @@ def build_module():
     return AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
 
 
-def skipped(reason):
-    return {
-        "changed": False,
-        "status": "skipped",
-        "healthy": None,
-        "skipped_reason": f"skipped: no GPU ({reason})",
-        "reasons": [],
-        "notes": [],
-        "gpu_count": 0,
-        "gpus": [],
-    }
-
-
 def run(module, nvml_loader=_nvml.load_pynvml):
     params = module.params
     gates = params["gates"]
     host = (gates or {}).get("host") or socket.gethostname()
     try:
-        nvml = nvml_loader()
-        _nvml.init(nvml)
-    except _nvml.NvmlUnavailable as exc:
-        if not params["gpu_required"]:
-            return skipped(str(exc))
-        extra = {"gates": _gates.nvml_unusable(str(exc), host)} if gates is not None else {}
-        module.fail_json(
-            msg=f"{host}: NVML is not available: {exc}. Install the NVIDIA driver (and nvidia-ml-py for the Python"
-            " that runs Ansible modules), or set gpufleet_gpu_required=false for hosts that have no GPU.",
-            status="failed",
-            **extra,
+        result, facts = _nvml.host_health(
+            nvml_loader, params["gpu_required"], params["thresholds"], params["expected_gpu_count"]
         )
-    try:
-        facts = _nvml.collect(nvml)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass  # nothing is left to release when shutdown itself fails
-    if facts["gpu_count"] == 0 and not params["gpu_required"]:
-        return dict(skipped("NVML sees no GPU"), driver_version=facts["driver_version"])
-    verdict = _nvml.judge_host(facts, params["thresholds"], params["expected_gpu_count"])
-    if facts["gpu_count"] == 0:
-        verdict["reasons"].insert(0, "NVML sees no GPU but one is required (gpufleet_gpu_required)")
-        verdict["healthy"] = False
-    result = {
-        "changed": False,
-        "status": "healthy" if verdict["healthy"] else "unhealthy",
-        "healthy": verdict["healthy"],
-        "reasons": verdict["reasons"],
-        "notes": verdict["notes"],
-        "driver_version": facts["driver_version"],
-        "cuda_driver_version": facts["cuda_driver_version"],
-        "nvml_version": facts["nvml_version"],
-        "gpu_count": facts["gpu_count"],
-        "gpus": verdict["gpus"],
-    }
-    if gates is not None:
+    except _nvml.NvmlUnavailable as exc:
+        extra = {"gates": _gates.nvml_unusable(str(exc), host)} if gates is not None else {}
+        module.fail_json(msg=_nvml.unavailable_message(host, exc), status="failed", **extra)
+    if gates is not None and facts is not None:
         result["gates"] = _gates.judge_gpu_gates(facts, gates, host)
     return result
 

@@ -449,15 +449,24 @@ def render(doc) -> dict:
     }
 
 
+def _write_atomic(folder: Path, name: str, content: str) -> str:
+    """A reader never sees half a file."""
+    target = folder / name
+    staging = folder / f".{name}.tmp"
+    staging.write_text(content, encoding="utf-8")
+    staging.replace(target)
+    return str(target)
+
+
 def write(folder, doc) -> list:
-    """Write the report files into the run folder (each atomically: a reader never sees half a file)."""
+    """Write the report files into the run folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, content in render(doc).items():
-        target = folder / name
-        staging = folder / f".{name}.tmp"
-        staging.write_text(content, encoding="utf-8")
-        staging.replace(target)
-        written.append(str(target))
-    return written
+    return [_write_atomic(folder, name, content) for name, content in render(doc).items()]
+
+
+def write_host(folder, host, report) -> str:
+    """The host's own report as it is published (``<host>.json``), so a run stopped half-way keeps the hosts done."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return _write_atomic(folder, f"{host}.json", json.dumps(report, indent=4, sort_keys=True) + "\n")

@@ -114,7 +114,7 @@ def test_argument_spec_rejects_a_bad_threshold():
 
 
 def test_module_defaults_match_the_rules_defaults():
-    spec = {k: v["default"] for k, v in nvml_info.THRESHOLD_SPEC.items()}
+    spec = {k: v["default"] for k, v in _nvml.THRESHOLD_SPEC.items()}
     assert spec == _nvml.DEFAULT_THRESHOLDS
 
 
@@ -170,3 +170,55 @@ def test_without_nvml_the_failure_carries_the_gates_verdict():
         " nvidia-ml-py for the Python that runs Ansible modules), or set gpufleet_gpu_required=false for hosts"
         " without GPUs"
     ]
+
+
+# --------------------------------------------------------------------------- the host model reads the GPUs itself
+
+
+def host_state_call(monkeypatch, args, overrides=None, loader=None):
+    """host_state with the H200 recording behind NVML: the same judgement as nvml_info, in the model's one call."""
+    from ansible_collections.gpufleet.upgrade.plugins.modules import host_state
+
+    nvml = fake.FakeNVML(fake.load(), overrides)
+    monkeypatch.setattr(_nvml, "load_pynvml", loader or (lambda: nvml))
+    with patch_module_args(dict(args, _ansible_check_mode=True)), pytest.raises((Exit, Fail)) as info:
+        host_state.main()
+    return info.type is Exit, info.value.args[0]
+
+
+def test_host_state_judges_the_gpus_as_nvml_info_does(monkeypatch):
+    ok, res = host_state_call(monkeypatch, {"gpu_health": {"thresholds": {"max_temperature_c": 80}}})
+    expected, _ = run_fake({"thresholds": {"max_temperature_c": 80}})
+    assert ok and res["in_sync"] and res["drifted"] == [], res
+    assert res["gpu_health"] == expected
+
+
+def test_host_state_names_each_unhealthy_reason_as_drift(monkeypatch):
+    hot = {"max_temperature_c": 20}
+    ok, res = host_state_call(monkeypatch, {"gpu_health": {"thresholds": hot}})
+    expected, _ = run_fake({"thresholds": hot})
+    assert ok and not res["in_sync"] and res["drifted"] == ["gpus"], res
+    assert expected["reasons"] and res["drift"] == [f"GPU health: {'; '.join(expected['reasons'])}"]
+
+
+def test_host_state_without_nvml_fails_when_a_gpu_is_required_and_skips_otherwise(monkeypatch):
+    def unavailable():
+        raise _nvml.NvmlUnavailable("libnvidia-ml.so.1 was not found")
+
+    ok, res = host_state_call(monkeypatch, {"gpu_health": {"required": True}}, loader=unavailable)
+    assert not ok and "NVML is not available: libnvidia-ml.so.1 was not found" in res["msg"], res
+    assert "gpufleet_gpu_required=false" in res["msg"]
+    ok, res = host_state_call(monkeypatch, {"gpu_health": {"required": False}}, loader=unavailable)
+    assert ok and res["in_sync"] and res["gpu_health"]["status"] == "skipped", res
+
+
+def test_host_state_returns_the_state_file_and_names_a_broken_one(monkeypatch, tmp_path):
+    state = tmp_path / "state.json"
+    ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
+    assert ok and res["last_run"] == {}, res
+    state.write_text(json.dumps({"result": "upgraded", "run_id": "r1"}))
+    ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
+    assert ok and res["last_run"] == {"result": "upgraded", "run_id": "r1"}
+    state.write_text("{not json")
+    ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
+    assert not ok and str(state) in res["msg"] and "move it aside" in res["msg"], res
