@@ -159,6 +159,11 @@ def start_munged(folder: Path) -> None:
 
 def start_on_node(node: str, node_conf: Path) -> None:
     """Put the machine's munge key and the cluster's slurm.conf on the node, then start its munge and slurmd units."""
+    if nodes.node_exec(node, ["test", "-x", "/usr/sbin/slurmd"], check=False).returncode != 0:
+        raise RuntimeError(
+            f"node {node} has no slurmd: it runs an image older than lab/image.py's (RECIPE_REVISION 3); "
+            "recreate the lab (python -m lab down / up) to get the current image"
+        )
     podman("cp", str(MUNGE_KEY), f"{node}:{NODE_KEY}")
     podman("cp", str(node_conf), f"{node}:{NODE_CONF}")
     script = (
