@@ -41,9 +41,8 @@ import json  # noqa: E402
 import time  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
-from ansible.utils.helpers import pct_to_int  # noqa: E402
 
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _fleet_report  # noqa: E402
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _batches, _fleet_report  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._outcome import REPORT_ORDER, report_kind  # noqa: E402
 
 # The facts a host publishes that the fleet report is built from (docs/design.md lists each).
@@ -82,15 +81,7 @@ def render(reports, unreachable=()):
 
 def batch_sizes(serial, count):
     """Sizes of the batches Ansible cuts ``count`` hosts into for a play's ``serial`` (its own algorithm)."""
-    serial = list(serial or []) or [-1]
-    sizes, left, item = [], count, 0
-    while left > 0:
-        size = pct_to_int(serial[item], count)
-        size = left if size <= 0 else min(size, left)
-        sizes.append(size)
-        left -= size
-        item = min(item + 1, len(serial) - 1)
-    return sizes
+    return _batches.sizes(serial, count)
 
 
 def _role_of(task):

@@ -118,6 +118,67 @@ def test_preflight_refusal_names_host_value_and_fix(fleet, run_playbook, node_ex
     assert host_state(node_exec, node).replace("\nstate", "") == before.replace("\nstate", "")
 
 
+def with_host_vars(fleet, tmp_path, host_vars):
+    """A copy of the lab inventory with host_vars added to its hosts (e.g. each host's serving group)."""
+    import yaml
+
+    inventory = yaml.safe_load(open(fleet.inventory, encoding="utf-8"))
+    hosts = inventory["all"]["children"]["gpufleet_lab"]["hosts"]
+    for host, extra in host_vars.items():
+        hosts[host].update(extra)
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory), encoding="utf-8")
+    return path
+
+
+def batch_lines(result):
+    return [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("gpufleet: batch ")]
+
+
+def test_batches_keep_a_serving_groups_share_and_the_failure_budget_is_a_percentage(
+    fleet, run_playbook, node_exec, tmp_path
+):
+    # Both hosts serve one group: at most 1 of its hosts per batch cuts the batch of 2 in two. Each host is refused
+    # at preflight (nothing changes), so the budget decides whether the second batch starts.
+    inventory = with_host_vars(fleet, tmp_path, {n: {"serving_group": "llama-70b"} for n in fleet.nodes})
+    first, second = fleet.nodes
+    before = {n: host_state(node_exec, n) for n in fleet.nodes}
+    extravars = {
+        "gpufleet_batch_size": 2,
+        "gpufleet_batch_by": "serving_group",
+        "gpufleet_batch_group_max": 1,
+        "gpufleet_batch_pause": 1,
+        "preflight_toolkit_free_bytes": 10**15,
+    }
+    common = {"extravars": extravars, "envvars": SUMMARY_ENV}
+    # 49 % of 2 hosts is 0: the first refusal stops the rollout; the second host is not started, and nobody paused.
+    stopped = run_playbook(
+        "playbooks/upgrade.yml", inventory, **dict(common, extravars=dict(extravars, gpufleet_max_failed_hosts="49%"))
+    )
+    assert stopped.rc != 0
+    assert batch_lines(stopped) == [f"1 of 2: {first} (1 host(s))", f"2 of 2: {second} (1 host(s))"], stopped.stdout
+    assert report_of(stopped, first)["outcome"].startswith("failed preflight:")
+    outcome = report_of(stopped, second)["outcome"]
+    assert (
+        "the rollout stopped after 1 failed host(s)" in outcome
+        and "gpufleet_max_failed_hosts=49%, 0 of 2 hosts" in outcome
+    )
+    assert [t for t in stopped.tasks("Pause between batches") if t.status == "ok"] == []
+    # 50 % is 1 host: the rollout goes on to the second batch, after the pause.
+    went_on = run_playbook(
+        "playbooks/upgrade.yml", inventory, **dict(common, extravars=dict(extravars, gpufleet_max_failed_hosts="50%"))
+    )
+    assert went_on.rc != 0
+    assert report_of(went_on, second)["outcome"].startswith("failed preflight:"), report_of(went_on, second)
+    assert len([t for t in went_on.tasks("Pause between batches") if t.status == "ok"]) == 1
+    assert {n: host_state(node_exec, n) for n in fleet.nodes} == before
+    # A setting no host has is refused before any batch, naming the setting.
+    wrong = run_playbook(
+        "playbooks/upgrade.yml", inventory, **dict(common, extravars=dict(extravars, gpufleet_batch_by="pool"))
+    )
+    assert wrong.rc != 0 and "gpufleet_batch_by='pool': no host sets the variable 'pool'" in wrong.stdout, wrong.stdout
+
+
 def test_lock_of_another_controller_refuses_until_broken(fleet, run_playbook, node_exec):
     node = fleet.nodes[1]
     lock = {"run_id": "r-elsewhere", "pid": 4242, "pid_start": "1", "controller": "ctl-elsewhere", "started": "t"}
