@@ -93,7 +93,9 @@ def serving_event(task, result):
     """'down' when role serving stopped or restarted the unit, 'up' when its /health wait answered, else None."""
     if _role_of(task) != "serving":
         return None
-    if task.action in SYSTEMD_ACTIONS and result.get("changed") and result.get("state") in ("stopped", "restarted"):
+    # The state asked for: systemd_service returns state 'started' after a restart, which was downtime all the same.
+    asked = (task.args or {}).get("state") or result.get("state")
+    if task.action in SYSTEMD_ACTIONS and result.get("changed") and asked in ("stopped", "restarted"):
         return "down"
     if task.action in SCRIPT_ACTIONS and "wait_healthy" in str(task.args):
         return "up"

@@ -95,10 +95,16 @@ class Run:
     def restart(self, host, took):
         self.ok(
             host,
-            task("Restart the serving unit", "ansible.builtin.systemd_service", "gpufleet.upgrade.serving"),
+            task(
+                "Restart the serving unit",
+                "ansible.builtin.systemd_service",
+                "gpufleet.upgrade.serving",
+                {"name": "gpufleet-serving.service", "state": "restarted", "daemon_reload": True},
+            ),
             took - 2,
+            # What systemd_service returns after a restart: the state is 'started'.
             changed=True,
-            state="restarted",
+            state="started",
             name="gpufleet-serving.service",
         )
         self.ok(
