@@ -37,6 +37,7 @@ options:
         key: summary_file
 """
 
+import itertools  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
@@ -132,9 +133,12 @@ class CallbackModule(CallbackBase):
             return
         inventory = play.get_variable_manager()._inventory
         batch = [h.get_name() for h in inventory.get_hosts(play.hosts)]
-        everyone = inventory.get_hosts(play.hosts, ignore_restrictions=True)
-        k = self.batch["k"] + 1 if self.batch and self.batch["play"] == play._uuid else 1
-        n = len(batch_sizes(play.serial, len(everyone)))
+        everyone = [h.get_name() for h in inventory.get_hosts(play.hosts, ignore_restrictions=True)]
+        sizes = batch_sizes(play.serial, len(everyone))
+        # Which batch this is, from where its first host stands among the play's hosts (in batch order).
+        first = everyone.index(batch[0]) if batch and batch[0] in everyone else 0
+        k = 1 + sum(1 for end in itertools.accumulate(sizes) if end <= first)
+        n = len(sizes)
         self.batch = {"play": play._uuid, "k": k, "n": n, "hosts": batch}
         self._display.display(f"gpufleet: batch {k} of {n}: {', '.join(batch)} ({len(batch)} host(s))")
 

@@ -28,8 +28,8 @@ def failure_reason(failed_task, failed_result):
     return _outcome.failure_reason(name, failed_result)
 
 
-def classify_failure(phase, completed=False):
-    return _outcome.classify_failure(phase, completed)
+def classify_failure(phase, completed=False, check_mode=False):
+    return _outcome.classify_failure(phase, completed, check_mode)
 
 
 def phase_note(phase, facts):

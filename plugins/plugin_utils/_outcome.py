@@ -56,6 +56,8 @@ KINDS = {
     ),
     "rolled_back": Kind("rolled back", "rolled back: {detail}", False, True, "rolled_back"),
     "rollback_failed": Kind("ROLLBACK FAILED", "ROLLBACK FAILED: {detail}", False, True, "rollback_failed"),
+    # Check mode: a phase after the backup failed; no backup was taken and nothing changed, so nothing is rolled back.
+    "would_fail": Kind("would fail", "would fail (check mode: nothing changed): {detail}", False, True, None),
     "not_started": Kind("not started", "not started: {detail}", False, False, None),
     # The inventory set gpufleet_skip for the host: nothing ran on it, by the operator's choice.
     "skipped": Kind("skipped by operator", "skipped by operator ({detail})", True, False, None),
@@ -123,11 +125,12 @@ def failure_reason(task_name, result) -> str:
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3].rstrip() + "..."
 
 
-def classify_failure(phase, completed) -> dict:
+def classify_failure(phase, completed, check_mode=False) -> dict:
     """Judge a failure by the phase that ran and whether it had completed (see the module docstring).
 
     Returns ``{failed_phase, action, kind}``; action: ``refuse`` (nothing changed: report only),
     ``rollback`` (restore this run's backup) or ``recovery_failed`` (the interrupted run's rollback failed).
+    In check mode nothing changed and no backup exists: what would be a rollback is a report (kind ``would_fail``).
     """
     phase = str(phase or "preflight")
     completed = bool(completed)
@@ -137,11 +140,10 @@ def classify_failure(phase, completed) -> dict:
         return {"failed_phase": "preflight", "action": "refuse", "kind": "failed_preflight"}
     if phase == "backup" and not completed:
         return {"failed_phase": "backup", "action": "refuse", "kind": "failed_before_change"}
-    return {
-        "failed_phase": f"after {phase}" if completed else phase,
-        "action": "rollback",
-        "kind": "rolled_back",
-    }
+    failed_phase = f"after {phase}" if completed else phase
+    if check_mode:
+        return {"failed_phase": failed_phase, "action": "refuse", "kind": "would_fail"}
+    return {"failed_phase": failed_phase, "action": "rollback", "kind": "rolled_back"}
 
 
 def _tok_s(bench):

@@ -165,3 +165,15 @@ def test_a_host_the_operator_skipped_is_ok_and_no_failure():
     assert skipped["text"] == "skipped by operator (gpufleet_skip is set for this host)"
     assert skipped["ok"] and not skipped["counts_as_failure"] and skipped["state_result"] is None
     assert o.report_kind({"outcome_kind": "skipped"}).label == "skipped by operator"
+
+
+@pytest.mark.parametrize(("phase", "completed"), [("backup", True), ("cuda_toolkit", False), ("venv_rebuild", False)])
+def test_a_check_mode_failure_after_the_backup_is_reported_never_rolled_back(phase, completed):
+    # Check mode took no backup and changed nothing: a rollback would only fail on the missing backup.
+    got = o.classify_failure(phase, completed, check_mode=True)
+    assert got["action"] == "refuse" and got["kind"] == "would_fail", got
+    out = o.outcome("would_fail", f"{got['failed_phase']}: boom")
+    assert out["text"].startswith("would fail (check mode: nothing changed):")
+    assert o.KINDS["would_fail"].counts_as_failure and o.KINDS["would_fail"].state_result is None
+    # The phases before the backup are judged as in a real run.
+    assert o.classify_failure("preflight", False, check_mode=True)["kind"] == "failed_preflight"
