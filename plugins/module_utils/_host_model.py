@@ -27,6 +27,7 @@ import os
 import re
 import shlex
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._backup import canonical_name as canon
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._redist import file_sha256
 
@@ -241,19 +242,36 @@ def read_text(path):
 # --------------------------------------------------------------------------- toolkit and link
 
 
-def toolkit_files_problems(home, files) -> list:
-    """Files the toolkit's marker recorded (relative path -> sha256) that are missing or changed now."""
-    problems = []
+TOOLKIT_VERIFY = ("stat", "sha256")
+
+
+def toolkit_files_problems(home, files, stats=None, verify="stat", counts=None) -> list:
+    """Files the toolkit's marker recorded (relative path -> sha256) that are missing or changed now.
+
+    verify ``stat``: a file whose stat signature (``stats``, recorded at install: size, mtime, ctime, inode) is
+    unchanged is the file installed, its content not read; any other file is hashed. ``sha256``: every file is
+    hashed. ``counts`` (a dict) gets ``checked`` and ``hashed``.
+    """
+    if verify not in TOOLKIT_VERIFY:
+        raise ValueError(f"toolkit verify {verify!r}: use one of {', '.join(TOOLKIT_VERIFY)}")
+    stats = stats or {}
+    problems, hashed = [], 0
     for rel in sorted(files):
         path = os.path.join(home, rel)
         if not os.path.isfile(path):
             problems.append((rel, "missing"))
-        elif file_sha256(path) != files[rel]:
+            continue
+        if verify == "stat" and rel in stats and tk.stat_signature(path) == list(stats[rel]):
+            continue
+        hashed += 1
+        if file_sha256(path) != files[rel]:
             problems.append((rel, "edited"))
+    if counts is not None:
+        counts.update(checked=len(files), hashed=hashed)
     return problems
 
 
-def toolkit_item(home, release, status, marker) -> dict:
+def toolkit_item(home, release, status, marker, verify="stat") -> dict:
     """The target toolkit: ``status`` is ``_toolkit.target_status``; ``marker`` its install record (or None)."""
     label = "toolkit"
     observed = {"path": home, "status": status.get("status"), "release": status.get("release")}
@@ -265,7 +283,10 @@ def toolkit_item(home, release, status, marker) -> dict:
             + (f" (missing {', '.join(missing)})" if missing and status.get("status") != "absent" else "")
         )
     else:
-        problems = toolkit_files_problems(home, (marker or {}).get("files") or {})
+        counts = {}
+        marker = marker or {}
+        problems = toolkit_files_problems(home, marker.get("files") or {}, marker.get("stat"), verify, counts)
+        observed.update(files_checked=counts["checked"], files_hashed=counts["hashed"])
         if problems:
             drift.append(_files_line(f"CUDA {release} toolkit", problems))
     return item(label, {"path": home, "release": release}, observed, drift)

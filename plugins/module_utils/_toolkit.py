@@ -36,6 +36,14 @@ def read_version_json(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def stat_signature(path: str) -> list:
+    """What a write to a file changes: size, mtime, ctime (set by the kernel on every change; no call sets it back)
+    and inode (a replaced file). The install marker records it per file; the host model hashes a file only when its
+    signature moved since (module host_state, toolkit verify ``stat``)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 def read_marker(path: str) -> dict | None:
     try:
         with open(os.path.join(path, MARKER), encoding="utf-8") as handle:

@@ -196,27 +196,34 @@ def build(module, staging, archives, manifest):
 
 
 def installed_files(top):
-    """relative path -> sha256 of every regular file under top (links and the marker itself left out)."""
-    files = {}
+    """``(files, stats)``: relative path -> sha256, and -> its stat signature (size, mtime, ctime, inode), of every
+    regular file under top (links and the marker itself left out)."""
+    files, stats = {}, {}
     for folder, _dirs, names in os.walk(top):
         for name in names:
             path = os.path.join(folder, name)
             if name != tk.MARKER and os.path.isfile(path) and not os.path.islink(path):
-                files[os.path.relpath(path, top)] = rd.file_sha256(path)
-    return files
+                rel = os.path.relpath(path, top)
+                files[rel] = rd.file_sha256(path)
+                stats[rel] = tk.stat_signature(path)
+    return files, stats
 
 
 def write_metadata(staging, release, archives, version_json, link_before=None):
     with open(os.path.join(staging, "version.json"), "w", encoding="utf-8") as out:
         json.dump(version_json, out, indent=3, sort_keys=True)
         out.write("\n")
+    files, stats = installed_files(staging)
     marker = {
         "method": "redist",
         "release": release,
         "installed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "archives": {a["relative_path"]: a["sha256"] for a in archives},
         # Every installed file's sha256: the host model (module host_state) finds a file changed since.
-        "files": installed_files(staging),
+        "files": files,
+        # Each file's stat signature as installed: the host model hashes only a file whose signature changed since
+        # (a write changes its ctime, which no one sets back; verify sha256 hashes every file).
+        "stat": stats,
         # Where the global CUDA link resolved before this toolkit came: what link policy keep holds it to.
         "link_before": link_before or None,
     }

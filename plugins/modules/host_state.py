@@ -22,7 +22,11 @@ description:
 version_added: 0.1.0
 options:
   toolkit:
-    description: The target toolkit, C({home, release, components, link, link_policy}); omitted, not judged.
+    description:
+      - The target toolkit, C({home, release, components, link, link_policy, verify}); omitted, not judged.
+      - C(verify) is C(stat) (default; a file whose size, mtime, ctime and inode are those its install recorded is
+        the installed file, any other is hashed - a write changes ctime and nothing sets it back) or C(sha256)
+        (every file hashed against the sha256 its install recorded).
     type: dict
   venv:
     description:
@@ -147,9 +151,9 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit a
 def toolkit_items(spec):
     home, release = spec["home"], spec["release"]
     status = tk.target_status(home, release, spec.get("components") or [])
-    items = [hm.toolkit_item(home, release, status, tk.read_marker(home) if os.path.isdir(home) else None)]
+    marker = tk.read_marker(home) if os.path.isdir(home) else None
+    items = [hm.toolkit_item(home, release, status, marker, spec.get("verify") or "stat")]
     if spec.get("link"):
-        marker = tk.read_marker(home) if os.path.isdir(home) else None
         before = (marker or {}).get("link_before") or {}
         recorded = before.get("resolved") if before.get("exists") else None
         items.append(hm.link_item(tk.link_state(spec["link"]), spec.get("link_policy") or "keep", home, recorded))
@@ -231,6 +235,8 @@ def main():
             items.append(hm.gpu_item(gpus))
     except (KeyError, TypeError) as exc:
         module.fail_json(msg=f"host_state: an item spec lacks {exc}; see the module's options for each item's keys")
+    except ValueError as exc:
+        module.fail_json(msg=f"host_state: {exc}")
     verdict = hm.judge(items)
     result = dict(verdict, changed=bool(p["drift_is_change"] and not verdict["in_sync"]), **extra)
     if module._diff:

@@ -152,6 +152,37 @@ def test_toolkit_files_and_status(tmp_path):
     ]
 
 
+def test_toolkit_verify_stat_reads_only_files_whose_signature_moved(tmp_path):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
+
+    home = tmp_path / "cuda-13.0"
+    (home / "lib").mkdir(parents=True)
+    names = {f"lib/lib{i}.so": f"library {i}".encode() for i in range(5)}
+    for rel, data in names.items():
+        (home / rel).write_bytes(data)
+    marker = {
+        "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in names.items()},
+        "stat": {rel: tk.stat_signature(str(home / rel)) for rel in names},
+    }
+    present = {"status": "present", "release": "13.0.2"}
+    intact = hm.toolkit_item(str(home), "13.0.2", present, marker)
+    assert intact["ok"] and intact["observed"]["files_checked"] == 5 and intact["observed"]["files_hashed"] == 0
+    # Same size, and the old mtime put back: the write moved ctime, so the file is read and found edited.
+    target = home / "lib/lib3.so"
+    old = target.stat()
+    target.write_bytes(b"library X")
+    os.utime(target, ns=(old.st_atime_ns, old.st_mtime_ns))
+    edited = hm.toolkit_item(str(home), "13.0.2", present, marker)
+    assert edited["drift"] == ["CUDA 13.0.2 toolkit: lib/lib3.so edited"], edited
+    assert edited["observed"]["files_hashed"] == 1
+    # sha256 reads every file; a marker without stat signatures (an older install) too.
+    assert hm.toolkit_item(str(home), "13.0.2", present, marker, "sha256")["observed"]["files_hashed"] == 5
+    older = {"files": marker["files"]}
+    assert hm.toolkit_item(str(home), "13.0.2", present, older)["observed"]["files_hashed"] == 5
+    with pytest.raises(ValueError, match="toolkit verify 'fast'"):
+        hm.toolkit_item(str(home), "13.0.2", present, marker, "fast")
+
+
 def test_cuda_link_by_policy():
     state = {"path": "/usr/local/cuda", "resolved": "/usr/local/cuda-12.8"}
     assert hm.link_item(state, "target", "/usr/local/cuda-13.0", None)["drift"] == [
