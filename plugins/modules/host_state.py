@@ -54,9 +54,41 @@ options:
         type: bool
         default: true
       thresholds:
-        description: The health thresholds, as O(gpufleet.upgrade.nvml_info#module:thresholds) of nvml_info.
+        description:
+          - The health thresholds, as O(gpufleet.upgrade.nvml_info#module:thresholds) of nvml_info (the same spec).
+          - Keys not given take the defaults below.
         type: dict
         default: {}
+        suboptions:
+          max_uncorrectable_ecc:
+            description: Most uncorrectable ECC errors (volatile or aggregate counter) a healthy GPU may show.
+            type: int
+            default: 0
+          max_pending_row_remaps:
+            description: Most pending row remaps (NVML reports 0 or 1) a healthy GPU may show.
+            type: int
+            default: 0
+          allow_row_remap_failure:
+            description: Whether a failed row remap is tolerated.
+            type: bool
+            default: false
+          allow_pcie_downgrade:
+            description: Whether a PCIe link narrower or slower than its maximum while the GPU is busy is tolerated.
+            type: bool
+            default: false
+          max_temperature_c:
+            description: Highest GPU temperature in degrees Celsius a healthy GPU may show.
+            type: int
+            default: 87
+          forbid_processes:
+            description: Whether running compute processes make a GPU unhealthy (the host should be drained).
+            type: bool
+            default: true
+          fail_on_clock_events:
+            description: Clock event reasons that make a GPU unhealthy.
+            type: list
+            elements: str
+            default: [hw_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, sw_thermal_slowdown]
       expected_gpu_count:
         description: The number of GPUs the host must have.
         type: int

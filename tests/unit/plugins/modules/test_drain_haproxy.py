@@ -571,14 +571,14 @@ def test_real_cookie_persistence_keep_leaves_clients_move_sends_them_elsewhere(s
     ok, res = call(sticky_args(h, "ck", "a", persistence="keep"))
     assert ok and res["admin_state"] == "drain" and res["persistence"]["cookie"] == "SRV", res
     assert any("keeps clients on their server (cookie SRV)" in w for w in warnings.get_warning_messages())
-    assert [get(port, cookie="SRV=a")[1] for _ in range(3)] == ["a", "a", "a"]
+    assert [get(port, cookie="SRV=a")[1] for _try in range(3)] == ["a", "a", "a"]
     assert get(port)[1] == "b", "a drained server took a request without a cookie"
     ok, back = call(sticky_args(h, "ck", "a", state="ready"))
     assert ok and back["admin_state"] == "ready" and back["status"] == "UP", back
     # move (the default): maint. The same client goes to b and is handed b's cookie; nothing fails.
     ok, res = call(sticky_args(h, "ck", "a"))
     assert ok and res["changed"] and (res["previous"], res["admin_state"]) == ("ready", "maint"), res
-    answers = [get(port, cookie="SRV=a") for _ in range(3)]
+    answers = [get(port, cookie="SRV=a") for _try in range(3)]
     assert {(status, body) for status, body, _cookie in answers} == {(200, "b")}, answers
     assert answers[0][2].startswith("SRV=b"), answers[0]
     ok, back = call(sticky_args(h, "ck", "a", state="ready"))
@@ -591,14 +591,14 @@ def test_real_stick_table_entries_of_the_server_are_cleared(sticky_haproxy):
     port = h["ports"]["st"]
     first = get(port)[1]
     other = {"a": "b", "b": "a"}[first]
-    assert [get(port)[1] for _ in range(3)] == [first] * 3, "stick on src did not keep the client"
+    assert [get(port)[1] for _try in range(3)] == [first] * 3, "stick on src did not keep the client"
     ok, res = call(sticky_args(h, "st", first), check=True)
     assert ok and res["admin_state"] == "maint" and res["persistence"]["stuck"] == 1, res
     assert "server_id" in hx.Runtime(h["socket"]).command("show table st"), "check mode cleared the table"
     ok, res = call(sticky_args(h, "st", first))
     assert ok and res["admin_state"] == "maint", res
     assert res["persistence"]["stick_table"] == "st" and res["persistence"]["cleared"] == 1, res
-    assert [get(port)[1] for _ in range(3)] == [other] * 3
+    assert [get(port)[1] for _try in range(3)] == [other] * 3
     assert f"server_key={other}" in hx.Runtime(h["socket"]).command("show table st")
     ok, back = call(sticky_args(h, "st", first, state="ready"))
     assert ok and back["admin_state"] == "ready", back

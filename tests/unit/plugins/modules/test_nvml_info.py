@@ -188,7 +188,7 @@ def host_state_call(monkeypatch, args, overrides=None, loader=None):
 
 def test_host_state_judges_the_gpus_as_nvml_info_does(monkeypatch):
     ok, res = host_state_call(monkeypatch, {"gpu_health": {"thresholds": {"max_temperature_c": 80}}})
-    expected, _ = run_fake({"thresholds": {"max_temperature_c": 80}})
+    expected, _calls = run_fake({"thresholds": {"max_temperature_c": 80}})
     assert ok and res["in_sync"] and res["drifted"] == [], res
     assert res["gpu_health"] == expected
 
@@ -196,7 +196,7 @@ def test_host_state_judges_the_gpus_as_nvml_info_does(monkeypatch):
 def test_host_state_names_each_unhealthy_reason_as_drift(monkeypatch):
     hot = {"max_temperature_c": 20}
     ok, res = host_state_call(monkeypatch, {"gpu_health": {"thresholds": hot}})
-    expected, _ = run_fake({"thresholds": hot})
+    expected, _calls = run_fake({"thresholds": hot})
     assert ok and not res["in_sync"] and res["drifted"] == ["gpus"], res
     assert expected["reasons"] and res["drift"] == [f"GPU health: {'; '.join(expected['reasons'])}"]
 
