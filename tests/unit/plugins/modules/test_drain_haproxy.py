@@ -561,9 +561,19 @@ def sticky_args(h, backend, server, **extra):
     return {**base, "record_dir": h["record_dir"], "run_id": "r1", "timeout_s": 10, "interval_s": 0.1, **extra}
 
 
-def test_real_cookie_persistence_keep_leaves_clients_move_sends_them_elsewhere(sticky_haproxy):
-    from ansible.module_utils.common import warnings
+@pytest.fixture
+def warnings(monkeypatch):
+    """module.warn's record. Once a controller module is imported (as earlier tests in the same run do), warn() goes
+    to the controller's display instead of the module's result: the module side is restored for the test."""
+    from ansible.module_utils import _internal
+    from ansible.module_utils.common import warnings as module_warnings
 
+    monkeypatch.setattr(_internal, "is_controller", False)
+    module_warnings._global_warnings.clear()
+    return module_warnings
+
+
+def test_real_cookie_persistence_keep_leaves_clients_move_sends_them_elsewhere(sticky_haproxy, warnings):
     h = sticky_haproxy
     port = h["ports"]["ck"]
     assert get(port, cookie="SRV=a")[1] == "a"
@@ -604,9 +614,7 @@ def test_real_stick_table_entries_of_the_server_are_cleared(sticky_haproxy):
     assert ok and back["admin_state"] == "ready", back
 
 
-def test_real_on_timeout_shutdown_ends_what_still_runs(sticky_haproxy):
-    from ansible.module_utils.common import warnings
-
+def test_real_on_timeout_shutdown_ends_what_still_runs(sticky_haproxy, warnings):
     h = sticky_haproxy
     port = h["ports"]["ck"]
     outcome = {}
