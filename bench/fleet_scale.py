@@ -5,10 +5,10 @@
     python bench/fleet_scale.py [--hosts 1,4] [--distributions pull,push] [--keep]   every case, figures as JSON
     python bench/fleet_scale.py pad                                                  only the padded wheels
 
-Realistic sizes at 1/10 scale: the lab wheels the lab profile installs get an incompressible payload (bytes of
-shake_256 of the wheel's name, its RECORD entry rewritten) so that lab-torch is 53 MB (torch cu130 ~531 MB),
-lab-flashinfer-jit-cache 190 MB (~1.9 GB), lab-sgl-kernel 51 MB (~510 MB), lab-flashinfer-cubin 40 MB; the other
-wheels are the lab's own. They are written once under .lab/bench/ and served by the lab's index server on a
+Realistic sizes at 1/10 scale (the lab's sized set, lab.wheels.sized_index): the lab wheels the lab profile installs
+get an incompressible payload so that lab-torch is 53 MB (torch cu130 ~531 MB), lab-flashinfer-jit-cache 190 MB
+(~1.9 GB), lab-sgl-kernel 51 MB (~510 MB), lab-flashinfer-cubin 40 MB; the other wheels are the lab's own. They
+are written once under .lab/mirrors/lab-main-1in10/ and served by the lab's index server on a
 private port; lab-stale and the redist tree are the lab's own trees, also served on private ports, so that the
 three access logs count only this benchmark's upstream traffic.
 
@@ -28,11 +28,7 @@ For each N and distribution: a fresh lab fs-<N> at the old stack, a fresh contro
 from __future__ import annotations
 
 import argparse
-import base64
-import csv
 import ctypes
-import hashlib
-import io
 import json
 import os
 import re
@@ -43,31 +39,19 @@ import sys
 import threading
 import time
 import urllib.request
-import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
-from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
-
 from lab import nodes  # noqa: E402
 from lab.common import MIRRORS, free_port, mirror_ports  # noqa: E402
+from lab.wheels import MB, sized_index  # noqa: E402
 
 BENCH_DIR = REPO / ".lab" / "bench"
 LOG_DIR = Path("/tmp/fleet_scale")
-MB = 1_000_000
 SCALE = "1/10 of the real cu130 set"
-# Payload per (project, version) the lab profile installs: 1/10 of the real wheel's size.
-PAD = {
-    ("lab-torch", "2.11.0+cu130"): 53 * MB,
-    ("lab-flashinfer-jit-cache", "0.6.4+cu130"): 190 * MB,
-    ("lab-sgl-kernel", "0.3.21+cu130"): 51 * MB,
-    ("lab-flashinfer-cubin", "0.6.4"): 40 * MB,
-}
-PAD_REVISION = "1"
-PAYLOAD = "_bench_payload.bin"
 DEFAULT_BATCHES = [1, "10%", "25%"]  # upgrade.yml's default gpufleet_batch_size
 PROJECT_TO = 500
 PR_SET_CHILD_SUBREAPER = 36
@@ -76,74 +60,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # ---- padded wheels -------------------------------------------------------------------------------------------
 
 
-def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def pad_wheel(src: Path, dest: Path, size: int) -> None:
-    """Copy ``src`` with an incompressible payload of ``size`` bytes in its package and a RECORD that lists it."""
-    with zipfile.ZipFile(src) as zin:
-        infos = zin.infolist()
-        record_name = next(i.filename for i in infos if i.filename.endswith(".dist-info/RECORD"))
-        package = next(i.filename.split("/")[0] for i in infos if ".dist-info/" not in i.filename)
-        payload_name = f"{package}/{PAYLOAD}"
-        tmp = dest.with_suffix(".tmp")
-        with zipfile.ZipFile(tmp, "w", allowZip64=True) as zout:
-            for info in infos:
-                if info.filename != record_name:
-                    zout.writestr(info, zin.read(info), compress_type=info.compress_type)
-            digest = hashlib.sha256()
-            pinfo = zipfile.ZipInfo(payload_name, date_time=(1980, 1, 1, 0, 0, 0))
-            pinfo.compress_type = zipfile.ZIP_STORED
-            pinfo.external_attr = 0o644 << 16
-            with zout.open(pinfo, "w", force_zip64=True) as out:
-                for i, left in enumerate(range(size, 0, -(1 << 20))):
-                    chunk = hashlib.shake_256(f"{src.name}:{i}".encode()).digest(min(left, 1 << 20))
-                    digest.update(chunk)
-                    out.write(chunk)
-            rows = list(csv.reader(io.StringIO(zin.read(record_name).decode())))
-            rows = [r for r in rows if r and r[0] != record_name]
-            rows += [[payload_name, f"sha256={_b64(digest.digest())}", str(size)], [record_name, "", ""]]
-            buf = io.StringIO()
-            csv.writer(buf, lineterminator="\n").writerows(rows)
-            rinfo = zin.getinfo(record_name)
-            zout.writestr(rinfo, buf.getvalue(), compress_type=rinfo.compress_type)
-    os.replace(tmp, dest)
-
-
 def padded_index() -> dict:
-    """The padded copy of lab-main under .lab/bench/ (reused when its recipe matches); mtimes kept (upload-time)."""
-    src = MIRRORS / "lab-main"
-    wheels = sorted(src.glob("*.whl"))
-    if not wheels:
-        raise SystemExit(f"no wheels in {src}: run `python -m lab mirrors build` first")
-    recipe = hashlib.sha256(PAD_REVISION.encode() + json.dumps(sorted(map(list, PAD)), default=str).encode())
-    for w in wheels:
-        recipe.update(f"{w.name}:{w.stat().st_size}:{PAD.get(_key(w), 0)}".encode())
-    root = BENCH_DIR / f"lab-main-padded-{recipe.hexdigest()[:12]}"
-    t0 = time.monotonic()
-    reused = root.is_dir()
-    if not reused:
-        work = root.with_name(root.name + ".tmp")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        for w in wheels:
-            size = PAD.get(_key(w))
-            if size:
-                pad_wheel(w, work / w.name, size)
-            else:
-                shutil.copyfile(w, work / w.name)
-            st = w.stat()
-            os.utime(work / w.name, (st.st_atime, st.st_mtime))
-        work.rename(root)
-    files = {w.name: (root / w.name).stat().st_size for w in wheels}
-    padded = {name: size for name, size in files.items() if PAD.get(_key(Path(name)))}
-    return {"root": root, "reused": reused, "seconds": round(time.monotonic() - t0, 1), "padded": padded}
-
-
-def _key(wheel: Path) -> tuple[str, str]:
-    name, version, _, _ = parse_wheel_filename(wheel.name)
-    return (str(canonicalize_name(name)), str(version))
+    """The lab's sized set at 1/10 (lab.wheels.sized_index; reused when its recipe matches)."""
+    return sized_index(10)
 
 
 # ---- private upstream servers -------------------------------------------------------------------------------

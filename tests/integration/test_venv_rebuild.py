@@ -131,7 +131,8 @@ def test_check_mode_on_old_hosts_shows_the_package_diff_and_changes_nothing(
     assert diff.changed
     text = json.dumps(diff.res)
     assert "lab-torch==2.9.1+cu128" in text and "lab-torch==2.11.0+cu130" in text
-    assert res.task("Create the new current link beside the old one", fleet.nodes[0]).changed
+    assert res.task("Pull the locked wheels, build the new venv and verify it", fleet.nodes[0]).changed
+    assert res.task("Switch current to the new venv", fleet.nodes[0]).changed
     assert not (controller_dir / "locks").exists()  # check mode writes no lock
     assert_untouched(fleet, node_exec, before)
     listing = node_exec(fleet.nodes[0], f"ls {SERVING}/venvs", check=True).stdout.split()
@@ -199,12 +200,15 @@ def test_hash_mismatch_on_the_host_fails_before_any_switch(
     res = run_playbook(PLAYBOOK, fleet.inventory, dict(ctl, gpufleet_wheel_lock=bad))
     assert res.rc != 0, res
     failed = [r for rs in res.results.values() for r in rs if r.failed]
+    refused = [
+        r for r in failed if r.task.endswith("Fail when the new venv could not be built or did not pass its checks")
+    ]
+    assert len(refused) == len(fleet.nodes), [(r.task, r.msg) for r in failed]
+    msg = refused[0].msg
     if distribution == "push":
-        assert any("Hash mismatch" in (r.res.get("stderr") or "") for r in failed), [r.res for r in failed]
+        assert "failed at step sync" in msg and "Hash mismatch" in msg, msg
     else:
-        refused = [r for r in failed if r.task.endswith("Pull the locked wheels from the fleet cache")]
-        assert len(refused) == len(fleet.nodes), [(r.task, r.res.get("msg")) for r in failed]
-        msg = json.dumps(refused[0].res)
+        assert "failed at step fetch" in msg, msg
         assert "checksum" in msg and "did not match" in msg and bad["packages"][0]["filename"] in msg, msg
     for node in fleet.nodes:
         assert node_exec(node, f"readlink -f {SERVING}/current", check=True).stdout.strip() == SEED

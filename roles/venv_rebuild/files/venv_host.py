@@ -1,0 +1,327 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host side of role venv_rebuild, one call per step: ``inspect`` (read-only) and ``build`` (pull, build, verify).
+
+Usage: python venv_host.py inspect SERVING_ROOT TOOLS_ROOT PYTHON WHEELHOUSE
+       python venv_host.py build SPEC_JSON
+Stdlib only; prints one JSON object. The role runs it as ``python -c <this file> ARGS`` through
+ansible.builtin.command, so each step is one pipelined SSH exchange (no temporary file to copy, chmod and remove).
+
+build SPEC: {"check": bool, "venv", "current", "python", "tools_root", "wheelhouse", "serving_root",
+             "lock_file", "lock_text", "tools_file", "tools_text", "uv_version" (the lock's),
+             "wheels": [{"filename", "sha256"}], "pull_base" ("" = the wheels were pushed), "timeout",
+             "no_cache": bool, "verify": {verify_venv.py's SPEC}, "verifier" (verify_venv.py's source), "mark"}
+The steps: fetch the wheels the host lacks from the fleet cache (each checked against the lock's sha256 while it
+streams; a wrong file is refused and never installed), write the lock's requirements, install the locked uv in
+the tools venv when it differs, remove an unverified venv of this lock (a failed build's leftovers), create the
+venv with the host's Python and ``uv pip sync --require-hashes --no-index --link-mode copy``, run the verifier
+inside the new venv, and mark the venv verified. With "check", it reports the steps it would run and changes
+nothing. The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error", "verify"}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+
+LIST_PACKAGES = (
+    "import importlib.metadata as m, json, re;"
+    "print(json.dumps(sorted(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() + '==' + d.version"
+    " for d in m.distributions() if d.metadata['Name'].lower() not in ('pip', 'setuptools', 'wheel'))))"
+)
+# sha256 of the wheels this script checked or fetched, by file name with size and mtime: an unchanged file is not
+# read again (a 2 GB wheel takes seconds to hash). uv checks every hash again when it installs.
+HASHES = ".gpufleet-sha256.json"
+MARK = ".gpufleet-verified"
+
+
+class StepError(Exception):
+    """A step that failed: its name, what was seen, and the tool's output."""
+
+    def __init__(self, step, error, output=""):
+        super().__init__(error)
+        self.step, self.error, self.output = step, error, output
+
+
+def run(argv, timeout=120):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def free_bytes(path):
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    stat = os.statvfs(path or "/")
+    return stat.f_bavail * stat.f_frsize
+
+
+# ---- wheel hashes ------------------------------------------------------------------------------------------
+
+
+def _stamp(path):
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def recorded_hashes(wheelhouse):
+    """{file name: sha256} of the wheels whose size and mtime are the ones recorded when they were hashed."""
+    try:
+        with open(os.path.join(wheelhouse, HASHES), encoding="utf-8") as handle:
+            table = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for name, (size, mtime_ns, digest) in table.items():
+        try:
+            if _stamp(os.path.join(wheelhouse, name)) == [size, mtime_ns]:
+                out[name] = digest
+        except OSError:
+            continue
+    return out
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_hashes(wheelhouse, known):
+    table = {}
+    for name, digest in known.items():
+        try:
+            table[name] = [*_stamp(os.path.join(wheelhouse, name)), digest]
+        except OSError:
+            continue
+    write_text(os.path.join(wheelhouse, HASHES), json.dumps(table, sort_keys=True) + "\n")
+
+
+def missing_wheels(wheels, wheelhouse, known):
+    """The lock's wheels the wheelhouse lacks or holds with another sha256 (files not recorded are hashed now)."""
+    missing = []
+    for wheel in wheels:
+        path = os.path.join(wheelhouse, wheel["filename"])
+        if wheel["filename"] not in known and os.path.isfile(path):
+            known[wheel["filename"]] = file_sha256(path)
+        if known.get(wheel["filename"]) != wheel["sha256"]:
+            missing.append(wheel)
+    return missing
+
+
+def fetch(url, dest, sha256, timeout):
+    """Download url to dest through a temporary name, refusing a file whose sha256 is not the lock's."""
+    tmp = f"{dest}.part-{os.getpid()}"
+    digest = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise StepError(
+                "fetch",
+                f"the checksum of {os.path.basename(dest)} from {url} did not match the lock: "
+                f"sha256 {digest.hexdigest()}, the lock says {sha256}",
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise StepError("fetch", f"{url}: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return digest.hexdigest()
+
+
+# ---- inspect -----------------------------------------------------------------------------------------------
+
+
+def inspect(serving_root, tools_root, python, wheelhouse):
+    """What the role decides on: platform, Python, venvs, current, uv, free disk, current packages, wheelhouse."""
+    venvs_dir = os.path.join(serving_root, "venvs")
+    venvs = []
+    if os.path.isdir(venvs_dir):
+        for name in sorted(os.listdir(venvs_dir)):
+            path = os.path.join(venvs_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                verified = read(os.path.join(path, MARK))
+                venvs.append({"name": name, "path": path, "mtime": os.stat(path).st_mtime, "verified": verified})
+    current_link = os.path.join(serving_root, "current")
+    current = os.path.realpath(current_link) if os.path.islink(current_link) else None
+    installed = None
+    if current and os.path.exists(os.path.join(current, "bin", "python")):
+        out = run([os.path.join(current, "bin", "python"), "-c", LIST_PACKAGES])
+        installed = json.loads(out) if out else None
+    uv = run([os.path.join(tools_root, "bin", "uv"), "--version"])
+    glibc = platform.libc_ver()[1] or ""
+    return {
+        "arch": platform.machine(),
+        "glibc": glibc,
+        "platform": f"{platform.machine()}-manylinux_{glibc.replace('.', '_')}" if glibc else "",
+        "python_exists": os.access(python, os.X_OK),
+        "python_version": run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]),
+        "venvs": venvs,
+        "current": current,
+        "current_is_link": os.path.islink(current_link),
+        "installed": installed,
+        "uv_version": uv.split()[1] if uv and re.match(r"^uv \S+", uv) else None,
+        "free_bytes": free_bytes(serving_root),
+        # Only the hashes recorded for unchanged files: the inspection reads no wheel (build hashes what it needs).
+        "wheelhouse": recorded_hashes(wheelhouse) if os.path.isdir(wheelhouse) else {},
+        "missing_dirs": [
+            d for d in (venvs_dir, os.path.join(serving_root, "locks"), wheelhouse) if not os.path.isdir(d)
+        ],
+    }
+
+
+# ---- build -------------------------------------------------------------------------------------------------
+
+
+def write_text(path, text):
+    """Write text through a temporary name; False when the file already holds it."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() == text:
+                return False
+    except OSError:
+        pass
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return True
+
+
+def command(step, argv, timeout=1800):
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        shown = " ".join(argv[:4])
+        raise StepError(step, f"{shown} ... exited {proc.returncode}", (proc.stdout + proc.stderr).strip())
+    return proc
+
+
+def tools_uv_version(tools_root):
+    out = run([os.path.join(tools_root, "bin", "uv"), "--version"])
+    return out.split()[1] if out and re.match(r"^uv \S+", out) else None
+
+
+def build_steps(spec, known):
+    """The steps build would run for this spec on this host, in order, and the wheels it would fetch.
+
+    Pushed wheels are not fetched: the controller copied them, and uv refuses one whose sha256 is not the lock's."""
+    missing = missing_wheels(spec["wheels"], spec["wheelhouse"], known)
+    missing = missing if spec.get("pull_base") else []
+    steps = ["fetch"] if missing else []
+    if read(spec["lock_file"]) != spec["lock_text"].strip():
+        steps.append("lock file")
+    if tools_uv_version(spec["tools_root"]) != spec["uv_version"]:
+        steps.append("tools")
+    if os.path.lexists(spec["venv"]) and spec["venv"] != spec.get("current"):
+        steps.append("remove unverified")
+    steps += ["venv", "sync", "verify", "mark"]
+    return steps, missing
+
+
+def build(spec):
+    recorded = recorded_hashes(spec["wheelhouse"]) if os.path.isdir(spec["wheelhouse"]) else {}
+    known = dict(recorded)
+    steps, missing = build_steps(spec, known)
+    answer = {"ok": True, "changed": True, "steps": steps, "fetched": [w["filename"] for w in missing]}
+    if spec.get("check"):
+        return answer
+    uv = os.path.join(spec["tools_root"], "bin", "uv")
+    try:
+        for folder in (
+            os.path.join(spec["serving_root"], "venvs"),
+            os.path.dirname(spec["lock_file"]),
+            spec["wheelhouse"],
+        ):
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+        for wheel in missing:
+            dest = os.path.join(spec["wheelhouse"], wheel["filename"])
+            known[wheel["filename"]] = fetch(
+                f"{spec['pull_base']}/{wheel['filename']}", dest, wheel["sha256"], spec.get("timeout", 600)
+            )
+        if known != recorded:
+            record_hashes(spec["wheelhouse"], known)
+        write_text(spec["lock_file"], spec["lock_text"])
+        if "tools" in steps:
+            write_text(spec["tools_file"], spec["tools_text"])
+            if not os.path.exists(os.path.join(spec["tools_root"], "bin", "pip")):
+                command("tools", [spec["python"], "-m", "venv", spec["tools_root"]])
+            pip = [os.path.join(spec["tools_root"], "bin", "pip"), "install", "--no-index", "--find-links"]
+            pip += [spec["wheelhouse"], "--require-hashes", "--disable-pip-version-check", "-r", spec["tools_file"]]
+            command("tools", pip)
+        if "remove unverified" in steps:
+            shutil.rmtree(spec["venv"])
+        command("venv", [uv, "venv", "--no-config", "--python", spec["python"], spec["venv"]])
+        # Copies, never hardlinks into uv's cache: an edit to one venv's file must not reach the cache and every
+        # venv built from it (uv hardlinks by default on Linux). A repair ignores the cache: it may hold the
+        # damaged files.
+        sync = [uv, "pip", "sync", "--no-config", "--require-hashes", "--no-index", "--link-mode", "copy"]
+        sync += ["--find-links", spec["wheelhouse"], "--python", os.path.join(spec["venv"], "bin", "python")]
+        command("sync", sync + (["--no-cache"] if spec.get("no_cache") else []) + [spec["lock_file"]])
+        answer["verify"] = verify(spec, uv)
+        if not answer["verify"].get("ok"):
+            raise StepError("verify", "; ".join(answer["verify"].get("failures") or ["no answer"]))
+        write_text(os.path.join(spec["venv"], MARK), spec["mark"] + "\n")
+    except StepError as exc:
+        answer.update(ok=False, failed_step=exc.step, error=exc.error, output=exc.output[-4000:])
+    except OSError as exc:
+        answer.update(ok=False, failed_step="build", error=f"{type(exc).__name__}: {exc}")
+    return answer
+
+
+def verify(spec, uv):
+    """Run the verifier (verify_venv.py's source) with the new venv's Python: imports happen inside that venv."""
+    python = os.path.join(spec["venv"], "bin", "python")
+    proc = subprocess.run(
+        [python, "-c", spec["verifier"], json.dumps(spec["verify"]), uv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {
+            "ok": False,
+            "failures": [f"the verifier exited {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"],
+        }
+
+
+def main(argv):
+    if argv[:1] == ["inspect"] and len(argv) == 5:
+        print(json.dumps(inspect(*argv[1:5])))
+        return 0
+    if argv[:1] == ["build"] and len(argv) == 2:
+        print(json.dumps(build(json.loads(argv[1]))))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
