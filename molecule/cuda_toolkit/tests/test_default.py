@@ -44,3 +44,7 @@ def test_nothing_left_behind(host):
     assert host.check_output("ls -A /usr/local").split() == sorted(
         ["bin", "cuda", "cuda-12.8", "cuda-13.0", "etc", "games", "include", "lib", "man", "sbin", "share", "src"]
     )
+
+
+def test_check_mode_reports_no_change(check_run):
+    assert all(s["changed"] == 0 for s in check_run.stats.values()), [t.task for t in check_run.changed_tasks()]
