@@ -1,0 +1,195 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host side of role venv_rebuild (roles/venv_rebuild/files/venv_host.py), run here against a real uv, a wheel
+made by the test and a loopback HTTP server standing for the fleet cache."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import http.server
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
+
+FILES = Path(__file__).resolve().parents[3] / "roles" / "venv_rebuild" / "files"
+SCRIPT = FILES / "venv_host.py"
+UV = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+
+_spec = importlib.util.spec_from_file_location("venv_host", SCRIPT)
+vh = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vh)
+
+
+def make_wheel(folder: Path, name: str = "gf_probe", version: str = "1.0") -> Path:
+    """A pure-Python wheel of one module, its RECORD with real hashes."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{path},sha256={digest},{len(data)}")
+    rows.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(rows) + "\n").encode()
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        return
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A loopback HTTP server over a folder (the fleet cache's wheels mount); yields (folder, base URL)."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A serving root, a tools venv whose uv is this machine's, and a wheel in the fleet cache's folder."""
+    serving = tmp_path / "serving"
+    tools = tmp_path / "tools"
+    (tools / "bin").mkdir(parents=True)
+    os.symlink(UV, tools / "bin" / "uv")
+    return {"serving": serving, "tools": tools, "wheelhouse": serving / "wheelhouse"}
+
+
+def spec_for(host, wheel: Path, pull_base: str, digest: str | None = None, check=False) -> dict:
+    entry = {"name": "gf-probe", "version": "1.0", "filename": wheel.name, "sha256": digest or sha(wheel)}
+    uv_version = subprocess.run([UV, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    venv = host["serving"] / "venvs" / "probe-1"
+    return {
+        "check": check,
+        "venv": str(venv),
+        "current": None,
+        "python": sys.executable,
+        "tools_root": str(host["tools"]),
+        "serving_root": str(host["serving"]),
+        "wheelhouse": str(host["wheelhouse"]),
+        "lock_file": str(host["serving"] / "locks" / "probe-1.txt"),
+        "lock_text": _lock.requirements_text([entry]),
+        "tools_file": str(host["serving"] / "locks" / "tools.txt"),
+        "tools_text": "",
+        "uv_version": uv_version,
+        "wheels": [entry],
+        "pull_base": pull_base,
+        "timeout": 30,
+        "no_cache": True,
+        "mark": "lockhash",
+        "verifier": (FILES / "verify_venv.py").read_text(),
+        "verify": {"packages": {"gf-probe": "1.0"}, "imports": ["gf-probe"]},
+    }
+
+
+def test_build_pulls_checks_installs_verifies_and_marks(host, cache):
+    root, base = cache
+    wheel = make_wheel(root)
+    answer = vh.build(spec_for(host, wheel, base))
+    assert answer["ok"], answer
+    assert answer["steps"] == ["fetch", "lock file", "venv", "sync", "verify", "mark"], answer
+    assert answer["fetched"] == [wheel.name]
+    venv = Path(spec_for(host, wheel, base)["venv"])
+    assert (venv / ".gpufleet-verified").read_text() == "lockhash\n"
+    probe = [venv / "bin" / "python", "-c", "import gf_probe; print(gf_probe.VERSION)"]
+    out = subprocess.run(probe, capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "1.0", out
+    # The pulled wheel's hash is recorded with its size and mtime: the next inspection trusts it without reading it.
+    assert vh.recorded_hashes(str(host["wheelhouse"])) == {wheel.name: sha(wheel)}
+
+
+def test_wrong_file_in_the_cache_is_refused_and_nothing_is_installed(host, cache):
+    root, base = cache
+    wheel = make_wheel(root)
+    answer = vh.build(spec_for(host, wheel, base, digest="0" * 64))
+    assert not answer["ok"] and answer["failed_step"] == "fetch", answer
+    assert "did not match the lock" in answer["error"] and wheel.name in answer["error"], answer
+    assert sorted(p.name for p in host["wheelhouse"].iterdir()) == [], "a refused file was left in the wheelhouse"
+    assert not (host["serving"] / "venvs" / "probe-1").exists()
+
+
+def test_check_mode_reports_the_steps_and_changes_nothing(host, cache):
+    root, base = cache
+    wheel = make_wheel(root)
+    answer = vh.build(spec_for(host, wheel, base, check=True))
+    assert answer["ok"] and answer["changed"] and answer["fetched"] == [wheel.name], answer
+    assert "sync" in answer["steps"] and not host["serving"].exists()
+
+
+def test_an_edited_wheel_is_hashed_again_and_fetched_again(host, cache):
+    root, base = cache
+    wheel = make_wheel(root)
+    spec = spec_for(host, wheel, base)
+    assert vh.build(spec)["ok"]
+    local = host["wheelhouse"] / wheel.name
+    local.write_bytes(local.read_bytes() + b"tampered")
+    assert vh.recorded_hashes(str(host["wheelhouse"])) == {}, "a file whose size moved kept its recorded hash"
+    known = {}
+    assert vh.missing_wheels(spec["wheels"], str(host["wheelhouse"]), known) == spec["wheels"]
+    assert known[wheel.name] == sha(local)
+    # The rebuild (a repair: the venv is not current, so it is removed and built again) fetches the lock's file.
+    answer = vh.build(spec)
+    assert answer["ok"] and answer["fetched"] == [wheel.name] and "remove unverified" in answer["steps"], answer
+    assert sha(local) == sha(wheel)
+
+
+def test_pushed_wheels_are_not_fetched_and_a_wrong_one_fails_in_uv(host, tmp_path):
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    wheel = make_wheel(staged)
+    host["wheelhouse"].mkdir(parents=True)
+    shutil.copy(wheel, host["wheelhouse"] / wheel.name)
+    answer = vh.build(spec_for(host, wheel, "", digest="1" * 64))
+    assert not answer["ok"] and answer["failed_step"] == "sync" and answer["fetched"] == [], answer
+    assert "hash" in answer["output"].lower(), answer
+
+
+def test_inspect_reads_venvs_current_and_only_recorded_hashes(host, cache):
+    root, base = cache
+    wheel = make_wheel(root)
+    spec = spec_for(host, wheel, base)
+    assert vh.build(spec)["ok"]
+    os.symlink(spec["venv"], host["serving"] / "current")
+    shutil.copy(wheel, host["wheelhouse"] / "unrecorded-1.0-py3-none-any.whl")
+    facts = vh.inspect(str(host["serving"]), str(host["tools"]), sys.executable, str(host["wheelhouse"]))
+    assert facts["current"] == spec["venv"] and facts["current_is_link"]
+    assert [(v["name"], v["verified"]) for v in facts["venvs"]] == [("probe-1", "lockhash")]
+    assert facts["installed"] == ["gf-probe==1.0"]
+    assert facts["wheelhouse"] == {wheel.name: sha(wheel)}, "inspect hashed a file it had no record of"
+    assert facts["uv_version"] == spec["uv_version"] and facts["missing_dirs"] == []
+
+
+def test_wrong_arguments_print_the_usage():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "build"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "Usage:" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), "inspect"], capture_output=True, text=True)
+    assert proc.returncode == 2, "python -c <source> (how the role runs it) does not reach main"
