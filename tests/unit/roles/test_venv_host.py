@@ -191,5 +191,7 @@ def test_inspect_reads_venvs_current_and_only_recorded_hashes(host, cache):
 def test_wrong_arguments_print_the_usage():
     proc = subprocess.run([sys.executable, str(SCRIPT), "build"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "Usage:" in proc.stderr
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), "inspect"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.read_text(), "inspect"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 2, "python -c <source> (how the role runs it) does not reach main"
