@@ -23,7 +23,9 @@ author:
 attributes:
   check_mode:
     support: full
-    description: Reports whether the lock would be taken or released without writing.
+    description: >-
+      Reports whether the lock would be taken or released without writing. Taking a free lock is no change (the run
+      releases it at its end); taking over a dead or broken run's lock is a change whose diff shows that lock removed.
   diff_mode:
     support: full
     description: Shows the lock before and after.
@@ -124,8 +126,14 @@ def acquire(module, previous):
     lock = st.new_lock(p["run_id"], holder["pid"], holder.get("pid_start"), holder["controller"], holder["started"])
     result = {"changed": True, "lock": lock, "verdict": verdict, "msg": message}
     if module.check_mode:
-        # A real run takes the lock and releases it at its end: as a whole it leaves the lock as it was.
-        result.update(changed=False, msg=f"check mode: {message}; the lock would be taken for the run")
+        # A real run takes the lock and releases it at its end. From a free lock that leaves the host as it was; a
+        # dead or broken run's lock is taken over and then removed, so the host ends without it: that is a change.
+        if verdict == "takeover":
+            result.update(
+                msg=f"check mode: {message}; the run would take it over and remove it at its end", after_run={}
+            )
+        else:
+            result.update(changed=False, msg=f"check mode: {message}; the lock would be taken for the run")
         return result
     if verdict == "free":
         if not st.create_exclusive(p["path"], lock):
@@ -183,11 +191,9 @@ def main():
     else:
         result = release(module, previous)
     result["previous"] = previous or {}
+    after = result.pop("after_run", result["lock"])
     if module._diff and result["changed"]:
-        result["diff"] = {
-            "before": st.dumps(previous) if previous else "",
-            "after": st.dumps(result["lock"]) if result["lock"] else "",
-        }
+        result["diff"] = {"before": st.dumps(previous) if previous else "", "after": st.dumps(after) if after else ""}
     module.exit_json(**result)
 
 

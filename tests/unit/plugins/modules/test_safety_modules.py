@@ -243,8 +243,15 @@ class TestUpgradeLock:
         call(upgrade_lock, {"path": path, "run_id": "r1", "holder": self.holder()})
         ok, res = call(upgrade_lock, {"path": path, "run_id": "r2", "holder": self.holder(alive=True)})
         assert not ok and "locked by running run r1" in res["msg"]
-        ok, res = call(upgrade_lock, {"path": path, "run_id": "r2", "holder": self.holder(alive=False)})
+        before = open(path).read()
+        args = {"path": path, "run_id": "r2", "holder": self.holder(alive=False)}
+        ok, res = call(upgrade_lock, args, check=True, diff=True)
+        assert ok and res["verdict"] == "takeover" and open(path).read() == before
+        assert res["changed"], "check mode hid that the run would remove the dead run's lock"
+        assert '"run_id": "r1"' in res["diff"]["before"] and res["diff"]["after"] == ""
+        ok, res = call(upgrade_lock, args, diff=True)
         assert ok and res["verdict"] == "takeover" and json.loads(open(path).read())["run_id"] == "r2"
+        assert '"run_id": "r2"' in res["diff"]["after"]
 
     def test_unreadable_lock(self, tmp_path):
         (tmp_path / "upgrade.lock").write_text("garbage")
