@@ -3,9 +3,11 @@
 """The host side of role venv_rebuild, one call per step: ``inspect`` (read-only) and ``build`` (pull, build, verify).
 
 Usage: python venv_host.py inspect SERVING_ROOT TOOLS_ROOT PYTHON WHEELHOUSE
-       python venv_host.py build SPEC_JSON
+       python venv_host.py build -          (SPEC_JSON on stdin)
 Stdlib only; prints one JSON object. The role runs it as ``python -c <this file> ARGS`` through
 ansible.builtin.command, so each step is one pipelined SSH exchange (no temporary file to copy, chmod and remove).
+The build spec comes on stdin, not in argv: a real lock with its hashes and the verifier's source can pass the
+kernel's 128 KiB limit on one argument (MAX_ARG_STRLEN), and stdin has none.
 
 build SPEC: {"check": bool, "venv", "current", "python", "tools_root", "wheelhouse", "serving_root",
              "lock_file", "lock_text", "tools_file", "tools_text", "uv_version" (the lock's),
@@ -316,8 +318,8 @@ def main(argv):
     if argv[:1] == ["inspect"] and len(argv) == 5:
         print(json.dumps(inspect(*argv[1:5])))
         return 0
-    if argv[:1] == ["build"] and len(argv) == 2:
-        print(json.dumps(build(json.loads(argv[1]))))
+    if argv == ["build", "-"]:
+        print(json.dumps(build(json.loads(sys.stdin.read()))))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

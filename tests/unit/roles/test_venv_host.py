@@ -10,6 +10,7 @@ import functools
 import hashlib
 import http.server
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -195,3 +196,29 @@ def test_wrong_arguments_print_the_usage():
         [sys.executable, "-c", SCRIPT.read_text(), "inspect"], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 2, "python -c <source> (how the role runs it) does not reach main"
+
+
+def test_the_build_spec_goes_on_stdin_past_the_argument_limit(host, cache):
+    # The role runs python -c <source> build - with the spec on stdin. A real lock with its hashes can pass the
+    # kernel's limit on one argument (128 KiB): this spec does, and would not be accepted as an argument.
+    root, base = cache
+    wheel = make_wheel(root)
+    spec = spec_for(host, wheel, base, check=True)
+    spec["lock_text"] += "".join(
+        f"# padding line {i:05d} standing in for a locked wheel and its hash\n" for i in range(3000)
+    )
+    text = json.dumps(spec)
+    assert len(text.encode()) > 128 * 1024
+    with pytest.raises(OSError, match="Argument list too long"):
+        subprocess.run([sys.executable, "-c", "pass", text], check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.read_text(), "build", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["ok"] and answer["changed"] and answer["fetched"] == [wheel.name], answer
+    assert not host["serving"].exists(), "check mode wrote to the host"
