@@ -2,16 +2,20 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Benchmark: rebuild the lab serving venv of one lock three ways, cold and warm cache, in one run.
 
-1. role    - gpufleet.upgrade.venv_rebuild (uv from the tools venv, hashes required, verification included)
+1. role    - gpufleet.upgrade.venv_rebuild (inspect + one build call: uv from the tools venv, hashes required,
+             verification inside the new venv, the mark), a whole ansible-playbook run
 2. pip     - the same lock through ansible.builtin.pip (python -m venv + pip, hashes required)
-3. uv      - raw `uv venv && uv pip sync` of the same lock on the node, no Ansible
+3. uv      - raw `uv venv && uv pip sync` of the same lock on the node (the role's flags: hashes required, no index,
+             copies), no Ansible
 
-All three install the lab wheels from the node's wheelhouse (no index traffic), so the figures compare the
-install paths, not the network. "cold" empties the tool's cache on the node first (uv: /root/.cache/uv, pip:
-/root/.cache/pip); "warm" keeps it. Prints one table and the ratios the issue asks for
-(goal: role >= 5x faster than pip warm; role within 1.3x of raw uv).
+At realistic sizes by default (--scale 10: lab-main with the real cu130 set's big wheels at 1/10 of their size,
+lab.wheels.sized_index, served on a private loopback port); --scale 0 uses the small lab set. A warm-up run of the
+role fills the node's wheelhouse from the fleet cache, so every timed run installs from the node's wheelhouse (no
+network): the figures compare the install paths. "cold" empties the tool's cache on the node first (uv:
+/root/.cache/uv, pip: /root/.cache/pip); "warm" keeps it. Prints one table, the ratios the issue asks for (role >= 5x
+faster than pip; role within 1.3x of raw uv plus a fixed overhead) and the role's fixed overhead (role wall - uv).
 
-    CONTAINERS_CONF=lab/containers.conf .venv/bin/python bench/venv_rebuild.py [--repeats 3]
+    CONTAINERS_CONF=lab/containers.conf .venv/bin/python bench/venv_rebuild.py [--scale 10] [--repeats 3]
 
 Needs the lab (mirrors + node image). Brings up one node named venv-bench-node1 and removes it at the end.
 """
@@ -35,8 +39,9 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
 from lab import mirrors, nodes  # noqa: E402
-from lab.common import mirror_ports  # noqa: E402
+from lab.common import free_port, mirror_ports, mirror_urls, port_open  # noqa: E402
 from lab.harness import run_playbook  # noqa: E402
+from lab.wheels import sized_index  # noqa: E402
 
 ROLE_PLAYBOOK = "tests/integration/playbooks/venv_rebuild.yml"
 PIP_PLAYBOOK = "tests/integration/playbooks/venv_bench_pip.yml"
@@ -45,7 +50,7 @@ WHEELHOUSE = "/opt/gpufleet/wheelhouse"
 PY = "/usr/bin/python3.11"
 UV = "/opt/gpufleet/tools/bin/uv"
 PIP_MODULE_PY = "/opt/gpufleet/bench-ansible-py"
-BUILD_TASKS = ("Create the new venv with the host's Python", "Install exactly the lock from the host wheelhouse")
+BUILD_TASKS = ("Pull the locked wheels, build the new venv and verify it",)
 
 
 def sh(node: str, cmd: str) -> str:
@@ -65,16 +70,38 @@ def task_seconds(res, names) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scale", type=int, default=10, help="realistic sizes at 1/scale (0: the small lab set)")
     ap.add_argument("--keep", action="store_true", help="leave the node up")
     args = ap.parse_args()
 
     ports = mirror_ports()
     mirrors.build()
     mirrors.start(ports)
+    server = None
+    base = {"venv_rebuild_switch": False, "venv_rebuild_keep": 5}
+    if args.scale:
+        sized = sized_index(args.scale)
+        port = free_port(set(ports.values()))
+        argv = [sys.executable, "-m", "lab.serve", "--kind", "pypi", "--root", str(sized["root"]), "--pep691"]
+        argv += ["--port", str(port), "--name", "venv-bench-lab-main"]
+        server = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not port_open(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the sized index server on port {port} did not start (exit {server.poll()})")
+            time.sleep(0.2)
+        urls = mirror_urls(ports)
+        base["gpufleet_index_urls"] = {"lab-main": f"http://127.0.0.1:{port}/simple", "lab-stale": urls["lab-stale"]}
+        print(f"sized set 1/{args.scale}: {sized['bytes'] / 1e6:.0f} MB in {sized['root']}", flush=True)
     out = nodes.up(1, "venv-bench", ports)
     node, inventory = out["nodes"][0], out["inventory"]
     controller = tempfile.mkdtemp(prefix="venv-bench-controller-")
-    base = {"gpufleet_controller_dir": controller, "venv_rebuild_switch": False, "venv_rebuild_keep": 5}
+    base["gpufleet_controller_dir"] = controller
     try:
         # Warm-up: plan, controller wheelhouse, host wheelhouse, tools venv; the serving unit stays on the seed venv.
         first = run_playbook(ROLE_PLAYBOOK, inventory, base)
@@ -91,7 +118,7 @@ def main() -> int:
         lock = json.loads(next(Path(controller, "locks").glob("lab-*.json")).read_text())
         venv = f"{SERVING}/venvs/{lock['venv_name']}"
         lock_file = f"{SERVING}/locks/{lock['venv_name']}.txt"
-        size_kb = sum(e["size"] or 0 for e in lock["packages"]) / 1e3
+        size_mb = sum(e["size"] or 0 for e in lock["packages"]) / 1e6
         rows = {}
 
         def record(method, cache, seconds, build=None):
@@ -127,7 +154,8 @@ def main() -> int:
                     node,
                     "s=$(date +%s.%N); "
                     f"{UV} venv -q --no-config --python {PY} {SERVING}/bench-uv && "
-                    f"{UV} pip sync -q --no-config --require-hashes --no-index --find-links {WHEELHOUSE} "
+                    f"{UV} pip sync -q --no-config --require-hashes --no-index --link-mode copy "
+                    f"--find-links {WHEELHOUSE} "
                     f"--python {SERVING}/bench-uv/bin/python {lock_file} && "
                     'e=$(date +%s.%N); python3 -c "print($e - $s)"',
                 ).strip()
@@ -135,7 +163,7 @@ def main() -> int:
 
         med = {k: statistics.median(s for s, _ in v) for k, v in rows.items()}
         med_build = {k: statistics.median(b for _, b in v) for k, v in rows.items()}
-        print(f"lock {lock['venv_name']}: {len(lock['packages'])} wheels, {size_kb:.0f} kB; repeats {args.repeats}")
+        print(f"lock {lock['venv_name']}: {len(lock['packages'])} wheels, {size_mb:.1f} MB; repeats {args.repeats}")
         print(f"{'method':8} {'cache':5} {'wall s (median)':>16} {'install step s':>15}")
         for (method, cache), value in sorted(med.items()):
             print(f"{method:8} {cache:5} {value:16.2f} {med_build[(method, cache)]:15.2f}")
@@ -144,10 +172,14 @@ def main() -> int:
                 f"{cache}: pip/role wall {med[('pip', cache)] / med[('role', cache)]:.2f}x, "
                 f"pip/role install step {med_build[('pip', cache)] / med_build[('role', cache)]:.2f}x, "
                 f"role/uv wall {med[('role', cache)] / med[('uv', cache)]:.2f}x, "
-                f"role/uv install step {med_build[('role', cache)] / med[('uv', cache)]:.2f}x"
+                f"role/uv install step {med_build[('role', cache)] / med[('uv', cache)]:.2f}x, "
+                f"role fixed overhead (role wall - uv) {med[('role', cache)] - med[('uv', cache)]:.2f} s"
             )
         return 0
     finally:
+        if server:
+            server.terminate()
+            server.wait(timeout=10)
         if not args.keep:
             nodes.down("venv-bench")
 
