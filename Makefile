@@ -59,8 +59,11 @@ unit: setup
 	  $(VENV)/torch/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_smoke_worker_torch.py; fi
 	$(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_sglang_protocol.py
 
+## Every scenario (as molecule test --all), each one's time printed for the CI budget.
+MOLECULE_SCENARIOS := $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
 molecule: mirrors
-	molecule test --all
+	@for s in $(MOLECULE_SCENARIOS); do t=$$(date +%s); molecule test -s $$s || exit 1; \
+	  echo "molecule: scenario $$s took $$(( $$(date +%s) - t )) s"; done
 
 integration: mirrors
 	$(PY) -m pytest tests/integration -q --durations=25 -m "not long" $(PYTEST_ARGS)
