@@ -132,7 +132,7 @@ def test_check_mode_on_old_hosts_shows_the_package_diff_and_changes_nothing(
     text = json.dumps(diff.res)
     assert "lab-torch==2.9.1+cu128" in text and "lab-torch==2.11.0+cu130" in text
     assert res.task("Pull the locked wheels, build the new venv and verify it", fleet.nodes[0]).changed
-    assert res.task("Switch current to the new venv", fleet.nodes[0]).changed
+    assert res.task("Switch current to the new venv (a new link renamed over the old one)", fleet.nodes[0]).changed
     assert not (controller_dir / "locks").exists()  # check mode writes no lock
     assert_untouched(fleet, node_exec, before)
     listing = node_exec(fleet.nodes[0], f"ls {SERVING}/venvs", check=True).stdout.split()
