@@ -83,7 +83,7 @@ def main() -> int:
         sized = sized_index(args.scale)
         port = free_port(set(ports.values()))
         argv = [sys.executable, "-m", "lab.serve", "--kind", "pypi", "--root", str(sized["root"]), "--pep691"]
-        argv += ["--port", str(port), "--name", "venv-bench-lab-main"]
+        argv += ["--port", str(port), "--name", "venv-bench-lab-main", "--access-log", os.devnull]
         server = subprocess.Popen(
             argv,
             cwd=REPO,
