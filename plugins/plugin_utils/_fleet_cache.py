@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._fleet_cache_server import alive
+
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fleet_cache_server.py")
 PREFIX = "fleet-cache"
 
@@ -35,14 +37,15 @@ class FleetCacheError(Exception):
     """The cache cannot be started or read; the message says why and what to do."""
 
 
-def alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError, TypeError):
+def ours(pid) -> bool:
+    """Whether ``pid`` is a running fleet cache server, not a process that got a dead server's pid since."""
+    if not alive(pid):
         return False
-    except PermissionError:
-        return True
-    return True
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as handle:
+            return os.path.basename(SERVER).encode() in handle.read()
+    except OSError:
+        return not os.path.exists("/proc/self/cmdline")  # no /proc (not Linux): trust the pid
 
 
 def read_state(path):
@@ -54,23 +57,30 @@ def read_state(path):
 
 
 def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, timeout=15.0) -> dict:
-    """The running cache of this run (started now, or ``reused``): ``{pid, port, bind, mounts, access_log}``."""
+    """The running cache of this run (started now, or ``reused``): ``{pid, port, bind, mounts, access_log}``.
+
+    Reused only by the ansible-playbook process that started it (``watch_pid``): a server another run left (it
+    ends once that run's process is reaped, maybe in the middle of this run) is replaced, as is one of other
+    folders."""
     files = _files(run_dir, mounts)
-    state = read_state(files["state"])
+    state = read_state(files["state"]) or {}
     mounts = {name: os.path.realpath(folder) for name, folder in sorted(mounts.items())}
-    if state and alive(state.get("pid")) and state.get("mounts") == mounts and state.get("bind") == bind:
+    watch_pid = int(watch_pid or os.getpid())
+    mine = {"mounts": mounts, "bind": bind, "watch_pid": watch_pid}
+    running = ours(state.get("pid"))
+    if running and all(state.get(key) == value for key, value in mine.items()):
         return dict(state, reused=True)
     for name, folder in mounts.items():
         if not os.path.isdir(folder):
             raise FleetCacheError(f"fleet cache: the folder to serve under /{name}/ ({folder}) does not exist")
-    if state and alive(state.get("pid")):  # the same mounts' server with other folders: replace it
-        _end(state.get("pid"))
+    if running:
+        _end(state["pid"])
     os.makedirs(run_dir, exist_ok=True)
     ready, access_log = files["ready"], files["access_log"]
     if os.path.exists(ready):
         os.unlink(ready)
     argv = [python or sys.executable, SERVER, "--bind", bind, "--port", str(port), "--ready", ready]
-    argv += ["--watch-pid", str(watch_pid or os.getpid()), "--access-log", access_log]
+    argv += ["--watch-pid", str(watch_pid), "--access-log", access_log]
     for name, folder in mounts.items():
         argv += ["--mount", f"{name}={folder}"]
     with open(files["log"], "ab") as log:
@@ -88,7 +98,7 @@ def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, 
         time.sleep(0.05)
     with open(ready, encoding="utf-8") as handle:
         info = json.load(handle)
-    state = {"pid": info["pid"], "port": info["port"], "bind": bind, "mounts": mounts, "access_log": access_log}
+    state = dict(mine, pid=info["pid"], port=info["port"], access_log=access_log)
     tmp = files["state"] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(state, handle, indent=1)
@@ -106,8 +116,8 @@ def stop(run_dir, timeout=10.0) -> dict:
     for name in names:
         path = os.path.join(run_dir, name)
         state = read_state(path) or {}
-        if alive(state.get("pid")):
-            stopped.append(_end(state.get("pid"), timeout))
+        if ours(state.get("pid")):
+            stopped.append(_end(state["pid"], timeout))
         logs.append(state.get("access_log"))
         os.unlink(path)
     return {"stopped": bool(stopped) and all(stopped), "servers": len(names), "served": served(*logs)}

@@ -88,14 +88,22 @@ class MountHandler(http.server.SimpleHTTPRequestHandler):
         return  # requests go to the JSON access log, errors to the status code: nothing on stderr
 
 
-def alive(pid: int) -> bool:
+def alive(pid) -> bool:
+    """Whether process ``pid`` runs. A zombie (exited, its parent has not reaped it yet: ansible-runner reaps
+    ansible-playbook late) counts as gone, though ``kill(pid, 0)`` still reaches it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return not os.path.exists("/proc/self/stat")  # gone since kill(); or no /proc (not Linux): it runs
+    except (OSError, IndexError):
+        return True
 
 
 def watch(server, pid: int, interval: float = 1.0) -> None:

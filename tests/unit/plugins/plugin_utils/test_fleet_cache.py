@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import time
 import urllib.error
@@ -75,6 +76,61 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
         fc._reap(state["pid"])
         time.sleep(0.1)
     assert not fc.alive(state["pid"])
+
+
+def test_the_server_ends_when_its_owner_has_exited_but_is_not_reaped_yet(tmp_path):
+    # ansible-runner reaps ansible-playbook late: a zombie owner answers kill(pid, 0), yet its run is over.
+    (tmp_path / "w").mkdir()
+    owner = subprocess.Popen(["sleep", "60"])
+    state = fc.start(str(tmp_path / "run"), {"wheels": str(tmp_path / "w")}, bind="127.0.0.1", watch_pid=owner.pid)
+    owner.kill()
+    try:
+        deadline = time.monotonic() + 5
+        while fc.alive(state["pid"]) and time.monotonic() < deadline:
+            fc._reap(state["pid"])
+            time.sleep(0.1)
+        assert not fc.alive(owner.pid)  # the zombie counts as gone
+        assert not fc.alive(state["pid"])
+    finally:
+        owner.wait()
+
+
+def test_a_server_another_run_left_is_replaced_not_reused(tmp_path):
+    # The next run must not adopt it: it would end once the old run's process is reaped, in the middle of this run.
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.whl").write_bytes(b"a" * 10)
+    run_dir, mounts = str(tmp_path / "run"), {"wheels": str(tmp_path / "w")}
+    owners = [subprocess.Popen(["sleep", str(60 + n)]) for n in range(2)]
+    try:
+        first = fc.start(run_dir, mounts, bind="127.0.0.1", watch_pid=owners[0].pid)
+        assert fc.start(run_dir, mounts, bind="127.0.0.1", watch_pid=owners[0].pid)["reused"]
+        second = fc.start(run_dir, mounts, bind="127.0.0.1", watch_pid=owners[1].pid)
+        assert not second["reused"] and second["pid"] != first["pid"]
+        fc._reap(first["pid"])
+        assert not fc.alive(first["pid"])
+        assert get(second, "/wheels/a.whl")[0] == 200
+    finally:
+        fc.stop(run_dir)
+        for owner in owners:
+            owner.kill()
+            owner.wait()
+
+
+def test_a_recorded_pid_that_is_now_another_process_is_neither_reused_nor_killed(tmp_path):
+    (tmp_path / "w").mkdir()
+    run_dir, mounts = tmp_path / "run", {"wheels": str(tmp_path / "w")}
+    state = fc.start(str(run_dir), mounts, bind="127.0.0.1")
+    fc.stop(str(run_dir))
+    stranger = subprocess.Popen(["sleep", "60"])  # the pid the state names now belongs to something else
+    try:
+        (run_dir / "fleet-cache-wheels.json").write_text(json.dumps(dict(state, pid=stranger.pid)))
+        again = fc.start(str(run_dir), mounts, bind="127.0.0.1")
+        assert not again["reused"] and again["pid"] != stranger.pid
+        assert fc.stop(str(run_dir))["servers"] == 1
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_a_port_in_use_fails_with_the_fix(tmp_path, cache):
