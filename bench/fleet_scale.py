@@ -38,7 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +45,8 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
 from lab import nodes  # noqa: E402
-from lab.common import MIRRORS, free_port, mirror_ports  # noqa: E402
+from lab.common import MIRRORS, mirror_ports  # noqa: E402
+from lab.mirrors import PrivateServer  # noqa: E402
 from lab.wheels import MB, sized_index  # noqa: E402
 
 BENCH_DIR = REPO / ".lab" / "bench"
@@ -78,22 +78,15 @@ class Upstreams:
             "lab-stale": (["--kind", "pypi", "--root", str(MIRRORS / "lab-stale")], "/simple"),
             "redist": (["--kind", "static", "--root", str(MIRRORS / "redist"), "--prefix", "/redist"], "/redist"),
         }
-        self.procs, self.urls, self.logs = {}, {}, {}
-        taken: set[int] = set()
+        self.servers = {}
+        self.logs = {name: log_dir / f"{name}.access.jsonl" for name in specs}
         for name, (args, path) in specs.items():
-            port = free_port(taken)
-            taken.add(port)
-            self.logs[name] = log_dir / f"{name}.access.jsonl"
-            argv = [sys.executable, "-m", "lab.serve", *args, "--port", str(port), "--name", f"fs-{name}"]
-            argv += ["--access-log", str(self.logs[name])]
-            out = (log_dir / f"{name}.log").open("ab")
-            self.procs[name] = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-            self.urls[name] = f"http://127.0.0.1:{port}{path}"
-        for name, url in self.urls.items():
-            _wait_http(url + "/", self.procs[name])
+            log_file = log_dir / f"{name}.log"
+            self.servers[name] = PrivateServer(f"fs-{name}", args, path, self.logs[name], log_file)
+        self.urls = {name: server.url for name, server in self.servers.items()}
 
     def pids(self) -> set[int]:
-        return {p.pid for p in self.procs.values()}
+        return {server.proc.pid for server in self.servers.values()}
 
     def served(self, since: float) -> dict:
         """Bytes each upstream served since ``since``: files (GET 200 of a wheel or archive) and everything."""
@@ -110,26 +103,12 @@ class Upstreams:
         return out
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-        for proc in self.procs.values():
-            proc.wait(timeout=10)
+        for server in self.servers.values():
+            server.stop()
 
 
 def _is_file(path: str) -> bool:
     return path.split("?")[0].endswith((".whl", ".tar.xz", ".tar.gz"))
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"upstream server for {url} did not start (exit {proc.poll()})") from None
-            time.sleep(0.2)
 
 
 def _jsonl(path: Path) -> list[dict]:

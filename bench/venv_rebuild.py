@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
 from lab import mirrors, nodes  # noqa: E402
-from lab.common import free_port, mirror_ports, mirror_urls, port_open  # noqa: E402
+from lab.common import mirror_ports, mirror_urls  # noqa: E402
 from lab.harness import run_playbook  # noqa: E402
 from lab.wheels import sized_index  # noqa: E402
 
@@ -81,22 +81,10 @@ def main() -> int:
     base = {"venv_rebuild_switch": False, "venv_rebuild_keep": 5}
     if args.scale:
         sized = sized_index(args.scale)
-        port = free_port(set(ports.values()))
-        argv = [sys.executable, "-m", "lab.serve", "--kind", "pypi", "--root", str(sized["root"]), "--pep691"]
-        argv += ["--port", str(port), "--name", "venv-bench-lab-main", "--access-log", os.devnull]
-        server = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while not port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the sized index server on port {port} did not start (exit {server.poll()})")
-            time.sleep(0.2)
+        args_serve = ["--kind", "pypi", "--root", str(sized["root"]), "--pep691"]
+        server = mirrors.PrivateServer("venv-bench-lab-main", args_serve, "/simple", os.devnull)
         urls = mirror_urls(ports)
-        base["gpufleet_index_urls"] = {"lab-main": f"http://127.0.0.1:{port}/simple", "lab-stale": urls["lab-stale"]}
+        base["gpufleet_index_urls"] = {"lab-main": server.url, "lab-stale": urls["lab-stale"]}
         print(f"sized set 1/{args.scale}: {sized['bytes'] / 1e6:.0f} MB in {sized['root']}", flush=True)
     out = nodes.up(1, "venv-bench", ports)
     node, inventory = out["nodes"][0], out["inventory"]
@@ -178,8 +166,7 @@ def main() -> int:
         return 0
     finally:
         if server:
-            server.terminate()
-            server.wait(timeout=10)
+            server.stop()
         if not args.keep:
             nodes.down("venv-bench")
 

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from lab import redist, wheels
-from lab.common import MIRRORS, REPO, hash_paths, log, mirror_ports, mirror_urls, port_open
+from lab.common import MIRRORS, REPO, free_port, hash_paths, log, mirror_ports, mirror_urls, port_open
 
 RUN = MIRRORS / "run"
 LOGS = MIRRORS / "logs"
@@ -227,3 +227,39 @@ def status(ports: dict[str, int] | None = None) -> dict:
 def running(ports: dict[str, int] | None = None) -> bool:
     ports = ports or mirror_ports()
     return all(port_open(p) for p in ports.values())
+
+
+class PrivateServer:
+    """One lab.serve server on a free loopback port beside the shared mirrors, with its own access log: a test or a
+    benchmark that counts its own requests, or serves another set of files (the sized wheels), starts one and stops
+    it at its end. ``args`` are lab.serve's (``--kind``, ``--root`` ...); ``url`` ends in ``path``."""
+
+    def __init__(self, name: str, args: list[str], path: str, access_log: Path | str, log_file: Path | None = None):
+        self.port = free_port(set(mirror_ports().values()))
+        argv = [sys.executable, "-m", "lab.serve", *args, "--port", str(self.port), "--name", name]
+        argv += ["--access-log", str(access_log)]
+        with open(log_file or os.devnull, "ab") as out:
+            self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}{path}"
+        deadline = time.monotonic() + 30
+        while True:  # listening is not enough: wait until it answers, so the next free_port() cannot pick its port
+            try:
+                with urllib.request.urlopen(self.url + "/", timeout=2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    code = self.proc.poll()
+                    self.stop()
+                    raise RuntimeError(f"{name}: lab.serve on {self.url} did not start (exit {code})") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def __enter__(self) -> PrivateServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

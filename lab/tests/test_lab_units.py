@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 import zipfile
 from email.utils import formatdate
 from pathlib import Path
@@ -192,3 +193,28 @@ def test_wheel_builder_injects_version_deps_and_keeps_scripts(tmp_path, monkeypa
     assert "VERSION = '1.2.3+cu130'" in info and "'cuda': '13.0'" in info
     assert "lab-demo = lab_demo:main" in scripts
     assert wheels._build_one("lab-absent", {"module": "lab_absent"}, build, tmp_path / "out", tmp_path / "work") is None
+
+
+def test_private_server_serves_on_its_own_port_and_log_and_stops(tmp_path):
+    from lab.common import mirror_ports
+    from lab.mirrors import PrivateServer
+
+    (tmp_path / "tree" / "a").mkdir(parents=True)
+    (tmp_path / "tree" / "a" / "f.bin").write_bytes(b"x" * 123)
+    log = tmp_path / "access.jsonl"
+    args = ["--kind", "static", "--root", str(tmp_path / "tree"), "--prefix", "/files"]
+    with PrivateServer("unit-private", args, "/files", log) as server:
+        assert server.port not in mirror_ports().values()
+        with urllib.request.urlopen(server.url + "/a/f.bin", timeout=5) as resp:
+            assert resp.read() == b"x" * 123
+        time.sleep(0.2)
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [r["bytes"] for r in rows if r["path"] == "/files/a/f.bin"] == [123]
+    assert server.proc.poll() is not None
+
+
+def test_private_server_that_cannot_start_says_which_and_where(tmp_path):
+    from lab.mirrors import PrivateServer
+
+    with pytest.raises(RuntimeError, match=r"unit-broken: lab.serve on http://127.0.0.1:\d+/simple did not start"):
+        PrivateServer("unit-broken", ["--kind", "nonsense", "--root", str(tmp_path)], "/simple", tmp_path / "log")

@@ -10,15 +10,15 @@ second half (check mode and apply again report no change).
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+
+from lab.common import free_port
+from lab.mirrors import PrivateServer
 
 pytestmark = pytest.mark.integration
 
@@ -69,40 +69,13 @@ def profile_file(tmp_path: Path, edit) -> str:
     return str(path)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def private_main(tmp_path_factory, lab_mirrors):
     """A private copy of lab-main (same wheels, PEP 691 JSON on) whose access log only this test writes to."""
     log = tmp_path_factory.mktemp("private-main") / "access.jsonl"
-    port = free_port()
-    root = REPO / ".lab" / "mirrors" / "lab-main"
-    argv = [sys.executable, "-m", "lab.serve", "--kind", "pypi", "--root", str(root), "--port", str(port)]
-    argv += ["--name", "venv-private-main", "--access-log", str(log), "--pep691"]
-    proc = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/simple"
-    deadline = time.time() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/", timeout=2).read()
-            break
-        except OSError:
-            if time.time() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.3)
-    yield {"url": url, "log": log}
-    proc.terminate()
-    proc.wait(timeout=10)
+    args = ["--kind", "pypi", "--root", str(REPO / ".lab" / "mirrors" / "lab-main"), "--pep691"]
+    with PrivateServer("venv-private-main", args, "/simple", log) as server:
+        yield {"url": server.url, "log": log}
 
 
 @pytest.fixture(scope="module")
