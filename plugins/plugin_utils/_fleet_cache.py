@@ -9,6 +9,7 @@ its own folder), each with its state, ready file and access log in the run's fol
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ def _files(run_dir, mounts) -> dict:
         "ready": base + ".ready",
         "access_log": base + ".access.jsonl",
         "log": base + ".log",
+        "lock": base + ".lock",
     }
 
 
@@ -61,8 +63,15 @@ def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, 
 
     Reused only by the ansible-playbook process that started it (``watch_pid``): a server another run left (it
     ends once that run's process is reaped, maybe in the middle of this run) is replaced, as is one of other
-    folders."""
+    folders. Every host of a batch asks at once: the first starts it under a lock, the others reuse it."""
+    os.makedirs(run_dir, exist_ok=True)
     files = _files(run_dir, mounts)
+    with open(files["lock"], "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start(files, mounts, bind, port, watch_pid, python, timeout)
+
+
+def _start(files, mounts, bind, port, watch_pid, python, timeout) -> dict:
     state = read_state(files["state"]) or {}
     mounts = {name: os.path.realpath(folder) for name, folder in sorted(mounts.items())}
     watch_pid = int(watch_pid or os.getpid())
@@ -75,7 +84,6 @@ def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, 
             raise FleetCacheError(f"fleet cache: the folder to serve under /{name}/ ({folder}) does not exist")
     if running:
         _end(state["pid"])
-    os.makedirs(run_dir, exist_ok=True)
     ready, access_log = files["ready"], files["access_log"]
     if os.path.exists(ready):
         os.unlink(ready)

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -131,6 +133,25 @@ def test_a_recorded_pid_that_is_now_another_process_is_neither_reused_nor_killed
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_every_host_of_a_batch_starting_it_at_once_gets_the_one_server(tmp_path):
+    # The task runs for every host of the batch at once (forks): one server starts, the others reuse it.
+    (tmp_path / "w").mkdir()
+    run_dir, mounts = str(tmp_path / "run"), {"wheels": str(tmp_path / "w")}
+    barrier = threading.Barrier(16)
+
+    def host():
+        barrier.wait()
+        return fc.start(run_dir, mounts, bind="127.0.0.1")
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            states = list(pool.map(lambda n: host(), range(16)))
+        assert len({(s["pid"], s["port"]) for s in states}) == 1
+        assert sorted(s["reused"] for s in states) == [False] + [True] * 15
+    finally:
+        assert fc.stop(run_dir)["servers"] == 1
 
 
 def test_a_port_in_use_fails_with_the_fix(tmp_path, cache):
