@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._profile import ProfileError, load_profile
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._profile import ProfileError, host_settings, load_profile
 
 ARGUMENT_SPEC = {
     "name": {"type": "str"},
@@ -15,6 +15,9 @@ ARGUMENT_SPEC = {
     "search_dirs": {"type": "list", "elements": "path", "default": []},
     "index_urls": {"type": "dict", "default": {}},
     "redist_url": {"type": "str"},
+    # The host's own settings (inventory), else the profile's: published beside the profile, one task for all three.
+    "serving_port": {"type": "raw"},
+    "gpu_required": {"type": "raw"},
 }
 
 
@@ -39,5 +42,10 @@ class ActionModule(ActionBase):
         except ProfileError as exc:
             result.update(failed=True, msg=f"{host}: {exc}")
             return result
-        result.update(changed=False, profile=profile, ansible_facts={"gpufleet_stack": profile})
+        try:
+            facts = host_settings(profile, args["serving_port"], args["gpu_required"])
+        except ValueError as exc:
+            result.update(failed=True, msg=f"{host}: {exc}")
+            return result
+        result.update(changed=False, profile=profile, ansible_facts={"gpufleet_stack": profile, **facts})
         return result

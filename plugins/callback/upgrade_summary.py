@@ -53,7 +53,8 @@ RUN_DIR_FACT = "gpufleet_run_dir"
 # The phase the upgrade notes in memory (playbooks/tasks/phase.yml): {name, completed}; its changes time the phases.
 PHASE_FACT = "__gpufleet_phase"
 SYSTEMD_ACTIONS = ("ansible.builtin.systemd_service", "ansible.builtin.systemd", "systemd_service", "systemd")
-SCRIPT_ACTIONS = ("ansible.builtin.script", "script")
+# The register name of role serving's /health wait (roles/serving/tasks/wait.yml): its answer ends the downtime.
+HEALTH_WAIT_REGISTER = "__serving_health"
 
 
 def render(reports, unreachable=()):
@@ -98,7 +99,7 @@ def serving_event(task, result):
     asked = (task.args or {}).get("state") or result.get("state")
     if task.action in SYSTEMD_ACTIONS and result.get("changed") and asked in ("stopped", "restarted"):
         return "down"
-    if task.action in SCRIPT_ACTIONS and "wait_healthy" in str(task.args):
+    if getattr(task, "register", None) == HEALTH_WAIT_REGISTER:
         return "up"
     return None
 

@@ -170,9 +170,12 @@ def venv_item(observed, packages, skip=BOOTSTRAP, label="serving venv") -> dict:
     return item(label, expected, observed_view, drift)
 
 
+VENV_LINK = "serving venv link"
+
+
 def venv_link_item(link, target, expected_path, venv_name) -> dict:
     """``current`` must point at a venv built for the lock: the lock's venv, or one rebuilt beside it (a repair)."""
-    label = "serving venv link"
+    label = VENV_LINK
     if not target:
         return item(label, expected_path, None, [f"{label}: {link} is missing, the lock wants {expected_path}"])
     name = os.path.basename(os.path.normpath(target))

@@ -8,13 +8,14 @@ Plain functions, no Ansible: the modules cuda_redist_fetch (controller) and cuda
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
 import re
 import shutil
 import tarfile
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import file_sha256
 
 # uname -m -> the manifest's platform key. NVIDIA calls server-class Arm "sbsa".
 PLATFORM_BY_MACHINE = {
@@ -357,14 +358,6 @@ def required_bytes(archives, extract_factor: float) -> int:
     """Archives pushed to the host plus their extracted size (estimated: archives are xz, about 3-4x)."""
     total = sum(a["size"] for a in archives)
     return int(total * (1 + extract_factor))
-
-
-def file_sha256(path: str, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify_file(

@@ -128,6 +128,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _redist as rd
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord
 
 CHUNK = 1 << 20
 
@@ -253,14 +254,12 @@ def write_atomic(path, raw):
     os.replace(tmp, path)
 
 
-def cached_ok(path, archive):
-    if not os.path.isfile(path):
+def cached_ok(path, archive, record):
+    """The cached archive has the manifest's size and sha256 (read only if it changed since its hash was recorded:
+    the cache is read by every batch of a run)."""
+    if not os.path.isfile(path) or os.path.getsize(path) != archive["size"]:
         return False
-    try:
-        rd.verify_file(path, archive["sha256"], archive["size"])
-    except rd.RedistError:
-        return False
-    return True
+    return record.sha256(os.path.relpath(path, record.folder)) == archive["sha256"].lower()
 
 
 def host_platforms(hosts):
@@ -316,13 +315,17 @@ def run(module):
             write_atomic(manifest_path, raw)
     downloaded = [rel] if fetched else []
     if p["download"]:
+        record = HashRecord(p["cache_dir"])
         for archive in rd.unique_archives(per_platform):
             dest = os.path.join(p["cache_dir"], archive["relative_path"])
-            if cached_ok(dest, archive):
+            if cached_ok(dest, archive, record):
                 continue
             downloaded.append(archive["relative_path"])
             if not module.check_mode:
                 fetcher.download(archive, dest)
+                record.note(archive["relative_path"], archive["sha256"].lower())
+        if not module.check_mode:
+            record.save()
     return {
         "changed": bool(downloaded),
         "manifest_path": manifest_path,

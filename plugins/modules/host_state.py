@@ -102,6 +102,11 @@ options:
       - Report a drifted host as changed (what an audit counts); otherwise the module never reports changed.
     type: bool
     default: false
+  fact:
+    description:
+      - Also publish the verdict (RV(in_sync), RV(drift), RV(drifted), RV(items), RV(on_profile), RV(last_run)) as a
+        fact of this name, so a role needs no task of its own to keep it (role assess publishes C(assess_result)).
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -167,6 +172,12 @@ items:
   returned: always
   type: list
   elements: dict
+on_profile:
+  description:
+    - The C(serving venv link) item matches (C(current) is a venv of the lock), or there is no such item. A drifted
+      host on its profile is repaired rather than upgraded.
+  returned: always
+  type: bool
 """
 
 import os
@@ -178,6 +189,9 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_mode
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
+
+# What option fact publishes: the verdict and the last run, not the module's own keys (changed, diff).
+FACT_KEYS = ("in_sync", "drift", "drifted", "items", "on_profile", "last_run")
 
 
 def toolkit_items(spec):
@@ -218,6 +232,7 @@ def main():
             },
             "state_path": {"type": "path"},
             "drift_is_change": {"type": "bool", "default": False},
+            "fact": {"type": "str"},
         },
         supports_check_mode=True,
     )
@@ -270,7 +285,10 @@ def main():
     except ValueError as exc:
         module.fail_json(msg=f"host_state: {exc}")
     verdict = hm.judge(items)
+    verdict["on_profile"] = hm.VENV_LINK not in verdict["drifted"]
     result = dict(verdict, changed=bool(p["drift_is_change"] and not verdict["in_sync"]), **extra)
+    if p["fact"]:
+        result["ansible_facts"] = {p["fact"]: {k: v for k, v in result.items() if k in FACT_KEYS}}
     if module._diff:
         other = [line for entry in items if entry["item"] not in file_labels for line in entry["drift"]]
         if other:

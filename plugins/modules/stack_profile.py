@@ -12,6 +12,8 @@ short_description: Load and validate a stack profile and publish it as C(gpuflee
 description:
   - Finds a stack profile by name (in O(search_dirs), then the collection's C(stacks/) folder) or by path,
     validates it against the collection's JSON Schema, and sets the fact C(gpufleet_stack).
+  - Also sets the host's settings derived from it, C(gpufleet_serving_port) (O(serving_port), else the profile's
+    C(serving.port)) and C(gpufleet_gpu_required) (O(gpu_required), else the profile's C(gpu.required)).
   - Errors name the host and the profile field's path, for example C(wheels.packages[2].spec).
   - Runs on the controller; needs the Python package C(jsonschema) there.
 version_added: 0.1.0
@@ -34,6 +36,16 @@ options:
   redist_url:
     description: Site mirror of the CUDA redistributable tree; replaces C(cuda.sources.redist.url).
     type: str
+  serving_port:
+    description:
+      - The host's serving port (its inventory's C(gpufleet_serving_port)), published as the fact
+        C(gpufleet_serving_port) (an int). Unset or empty, the profile's C(serving.port).
+    type: raw
+  gpu_required:
+    description:
+      - Whether the host must have a GPU (its inventory's C(gpufleet_gpu_required)), published as the fact
+        C(gpufleet_gpu_required) (a bool). Unset or empty, the profile's C(gpu.required).
+    type: raw
 attributes:
   check_mode:
     support: full

@@ -33,6 +33,7 @@ except ImportError:  # the planner runs on the controller; callers check HAS_PAC
 
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord, file_sha256
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     Candidate,
     PlanError,
@@ -160,11 +161,15 @@ class Fetcher:
             with zipfile.ZipFile(io.BytesIO(body)) as zf:
                 return _read_metadata(zf, cand)
 
-    def download(self, url: str, dest: str, sha256: str) -> bool:
-        """Fetch ``url`` to ``dest`` unless a file with that sha256 is already there. True if it was fetched."""
+    def download(self, url: str, dest: str, sha256: str, record: HashRecord | None = None) -> bool:
+        """Fetch ``url`` to ``dest`` unless a file with that sha256 is already there. True if it was fetched.
+        With ``record`` (the HashRecord of dest's folder) a file already there is hashed only if it changed since its
+        hash was recorded, and a fetched file's hash is recorded."""
         sha256 = sha256.lower()
-        if os.path.exists(dest) and file_sha256(dest) == sha256:
-            return False
+        if os.path.exists(dest):
+            there = record.sha256(os.path.basename(dest)) if record else file_sha256(dest)
+            if there == sha256:
+                return False
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".part-")
         digest = hashlib.sha256()
@@ -181,6 +186,8 @@ class Fetcher:
                     " Re-run the plan once the index is consistent; nothing was installed."
                 )
             os.replace(tmp, dest)
+            if record:
+                record.note(os.path.basename(dest), sha256)
         except (urllib.error.URLError, OSError) as exc:
             raise IndexUnreachable(f"download of {url} failed: {getattr(exc, 'reason', exc)}") from exc
         finally:
@@ -207,14 +214,6 @@ def _read_metadata(zf: zipfile.ZipFile, cand: Candidate) -> bytes:
             f"wheel {cand.filename} from {cand.index} has {len(names)} .dist-info/METADATA files, expected 1"
         )
     return zf.read(names[0])
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class _NoRanges(Exception):

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import yaml
+from ansible.module_utils.parsing.convert_bool import boolean
 
 try:
     import jsonschema
@@ -160,3 +161,27 @@ def load_profile(name=None, path=None, search_dirs=(), index_urls=None, redist_u
     profile = apply_overrides(profile, index_urls, redist_url)
     profile["source"] = {"path": str(source), "sha256": hashlib.sha256(raw).hexdigest()}
     return profile
+
+
+def host_settings(profile, serving_port=None, gpu_required=None) -> dict:
+    """The host's serving port (int) and whether it must have a GPU (bool): its inventory's value, else the profile's.
+    ValueError names the variable, the value and the fix."""
+    port = profile["serving"]["port"] if serving_port in (None, "") else serving_port
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        port = None
+    if port is None or not 0 < port < 65536:
+        raise ValueError(
+            f"gpufleet_serving_port={serving_port!r} is not a TCP port; set it to a number from 1 to 65535 "
+            "in the inventory, or remove it to use the profile's serving.port"
+        )
+    required = profile["gpu"]["required"] if gpu_required in (None, "") else gpu_required
+    try:
+        required = boolean(required, strict=True)
+    except TypeError:
+        raise ValueError(
+            f"gpufleet_gpu_required={gpu_required!r} is not a boolean; set it to true or false in the inventory, "
+            "or remove it to use the profile's gpu.required"
+        ) from None
+    return {"gpufleet_serving_port": port, "gpufleet_gpu_required": required}

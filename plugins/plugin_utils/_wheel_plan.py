@@ -31,7 +31,7 @@ except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a c
     HAS_PACKAGING = False
     PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher, file_sha256
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher, HashRecord
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     LOCK_SCHEMA,
     PlanError,
@@ -164,13 +164,16 @@ def make_lock(
                 " Use an index that publishes hashes (PEP 503 #sha256= or PEP 691 hashes)."
             )
     pins = {}
+    record = HashRecord(wheelhouse) if wheelhouse else None
     for key, cand in chosen.items():
         if wheelhouse:
             path = os.path.join(wheelhouse, cand.filename)
-            fetcher.download(cand.url, path, cand.sha256)
+            fetcher.download(cand.url, path, cand.sha256, record)
             pins[key] = f"{cand.project} @ {pathlib.Path(path).resolve().as_uri()}"
         else:
             pins[key] = f"{cand.project} @ {cand.url}"
+    if record:
+        record.save()
     # uv applies an override to the direct requirements too: an overridden profile package is overridden with the
     # very file the plan chose (a version override would send uv back to the indexes for it), any other package
     # with the profile's requirement.
@@ -196,26 +199,35 @@ def make_lock(
 
 
 def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str) -> dict:
-    """Every locked wheel once into the controller's wheelhouse, sha256 verified; hosts install from copies."""
+    """Every locked wheel once into the controller's wheelhouse, sha256 verified; hosts install from copies. A wheel
+    already there is hashed only if it changed since its hash was recorded (``_index.HashRecord``)."""
     fetched, reused, nbytes = [], [], 0
-    for entry in lock["packages"] + lock["tools"]:
-        dest = os.path.join(wheelhouse, entry["filename"])
-        if fetcher.download(entry["url"], dest, entry["sha256"]):
-            fetched.append(entry["filename"])
-        else:
-            reused.append(entry["filename"])
-        entry["size"] = os.path.getsize(dest)
-        nbytes += entry["size"]
+    record = HashRecord(wheelhouse)
+    try:
+        for entry in lock["packages"] + lock["tools"]:
+            dest = os.path.join(wheelhouse, entry["filename"])
+            if fetcher.download(entry["url"], dest, entry["sha256"], record):
+                fetched.append(entry["filename"])
+            else:
+                reused.append(entry["filename"])
+            entry["size"] = os.path.getsize(dest)
+            nbytes += entry["size"]
+    finally:
+        record.save()
     return {"path": wheelhouse, "fetched": fetched, "reused": reused, "bytes": nbytes}
 
 
 def verify_wheelhouse(lock: dict, wheelhouse: str) -> list:
-    """Files of the lock missing from the wheelhouse or with another sha256."""
+    """Files of the lock missing from the wheelhouse or with another sha256 (check mode: an audit reads the
+    wheelhouse this way; files unchanged since their hash was recorded are not read)."""
     bad = []
+    record = HashRecord(wheelhouse)
     for entry in lock["packages"] + lock["tools"]:
         path = os.path.join(wheelhouse, entry["filename"])
-        if not os.path.exists(path) or file_sha256(path) != entry["sha256"]:
+        if not os.path.exists(path) or record.sha256(entry["filename"]) != entry["sha256"]:
             bad.append(entry["filename"])
+    if os.path.isdir(wheelhouse):
+        record.save()
     return bad
 
 

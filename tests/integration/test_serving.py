@@ -36,7 +36,9 @@ def server_info(fleet, node):
 def test_role_takes_over_the_seed_unit(fleet, node, run_playbook, node_exec):
     result = run_playbook(SERVING, fleet.inventory, extravars=OLD)
     assert result.rc == 0, result
-    assert result.task("Write the serving unit", node).changed
+    written = result.task("Write the serving unit and its environment file", node)
+    unit_path = "/etc/systemd/system/gpufleet-serving.service"
+    assert written.res["written"] == [unit_path, "/etc/gpufleet/gpufleet-serving.env"]
     unit = node_exec(node, ["cat", "/etc/systemd/system/gpufleet-serving.service"]).stdout
     assert (
         "ExecStart=/opt/gpufleet/serving/current/bin/python -m lab_sglang --host 127.0.0.1 "
@@ -111,7 +113,9 @@ def test_a_server_never_healthy_times_out(fleet, node, run_playbook):
 def test_clean_profile_brings_the_unit_back(fleet, node, run_playbook):
     result = run_playbook(SERVING, fleet.inventory, extravars=OLD)
     assert result.rc == 0, result
-    assert result.task("Write the serving environment file", node).changed
+    # The fault lived in the environment file only: the unit file is left alone.
+    written = result.task("Write the serving unit and its environment file", node)
+    assert written.res["written"] == ["/etc/gpufleet/gpufleet-serving.env"], written.res
     assert server_info(fleet, node)["gpufleet_lab"]["fault"] == "none"
 
 

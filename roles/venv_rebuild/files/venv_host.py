@@ -3,6 +3,7 @@
 """The host side of role venv_rebuild, one call per step: ``inspect`` (read-only) and ``build`` (pull, build, verify).
 
 Usage: python venv_host.py inspect SERVING_ROOT TOOLS_ROOT PYTHON WHEELHOUSE
+       python venv_host.py locate SERVING_ROOT     (read-only: platform, venvs and current only, no subprocess)
        python venv_host.py build -          (SPEC_JSON on stdin)
 Stdlib only; prints one JSON object. The role runs it as ``python -c <this file> ARGS`` through
 ansible.builtin.command, so each step is one pipelined SSH exchange (no temporary file to copy, chmod and remove).
@@ -158,8 +159,9 @@ def fetch(url, dest, sha256, timeout):
 # ---- inspect -----------------------------------------------------------------------------------------------
 
 
-def inspect(serving_root, tools_root, python, wheelhouse):
-    """What the role decides on: platform, Python, venvs, current, uv, free disk, current packages, wheelhouse."""
+def locate(serving_root):
+    """What the host model's expected venv is picked from (entry point expected, an audit): platform, venvs, current.
+    Reads a few directory entries and starts no process, so the audit's extra round trip costs the host little."""
     venvs_dir = os.path.join(serving_root, "venvs")
     venvs = []
     if os.path.isdir(venvs_dir):
@@ -170,21 +172,32 @@ def inspect(serving_root, tools_root, python, wheelhouse):
                 venvs.append({"name": name, "path": path, "mtime": os.stat(path).st_mtime, "verified": verified})
     current_link = os.path.join(serving_root, "current")
     current = os.path.realpath(current_link) if os.path.islink(current_link) else None
-    installed = None
-    if current and os.path.exists(os.path.join(current, "bin", "python")):
-        out = run([os.path.join(current, "bin", "python"), "-c", LIST_PACKAGES])
-        installed = json.loads(out) if out else None
-    uv = run([os.path.join(tools_root, "bin", "uv"), "--version"])
     glibc = platform.libc_ver()[1] or ""
     return {
         "arch": platform.machine(),
         "glibc": glibc,
         "platform": f"{platform.machine()}-manylinux_{glibc.replace('.', '_')}" if glibc else "",
-        "python_exists": os.access(python, os.X_OK),
-        "python_version": run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]),
         "venvs": venvs,
         "current": current,
         "current_is_link": os.path.islink(current_link),
+    }
+
+
+def inspect(serving_root, tools_root, python, wheelhouse):
+    """What the role decides on: locate's platform, venvs and current, and Python, uv, free disk, current packages,
+    wheelhouse."""
+    found = locate(serving_root)
+    current = found["current"]
+    venvs_dir = os.path.join(serving_root, "venvs")
+    installed = None
+    if current and os.path.exists(os.path.join(current, "bin", "python")):
+        out = run([os.path.join(current, "bin", "python"), "-c", LIST_PACKAGES])
+        installed = json.loads(out) if out else None
+    uv = run([os.path.join(tools_root, "bin", "uv"), "--version"])
+    return {
+        **found,
+        "python_exists": os.access(python, os.X_OK),
+        "python_version": run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]),
         "installed": installed,
         "uv_version": uv.split()[1] if uv and re.match(r"^uv \S+", uv) else None,
         "free_bytes": free_bytes(serving_root),
@@ -317,6 +330,9 @@ def verify(spec, uv):
 def main(argv):
     if argv[:1] == ["inspect"] and len(argv) == 5:
         print(json.dumps(inspect(*argv[1:5])))
+        return 0
+    if argv[:1] == ["locate"] and len(argv) == 2:
+        print(json.dumps(locate(argv[1])))
         return 0
     if argv == ["build", "-"]:
         print(json.dumps(build(json.loads(sys.stdin.read()))))

@@ -189,6 +189,30 @@ def test_inspect_reads_venvs_current_and_only_recorded_hashes(host, cache):
     assert facts["uv_version"] == spec["uv_version"] and facts["missing_dirs"] == []
 
 
+def test_locate_reads_the_venvs_and_current_without_starting_a_process(host, cache, monkeypatch):
+    root, base = cache
+    spec = spec_for(host, make_wheel(root), base)
+    assert vh.build(spec)["ok"]
+    os.symlink(spec["venv"], host["serving"] / "current")
+    full = vh.inspect(str(host["serving"]), str(host["tools"]), sys.executable, str(host["wheelhouse"]))
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"locate started {args[0]}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(vh.subprocess, "run", no_process)
+        found = vh.locate(str(host["serving"]))
+    assert found == {k: full[k] for k in ("arch", "glibc", "platform", "venvs", "current", "current_is_link")}
+    assert found["current"] == spec["venv"] and found["platform"].endswith(found["glibc"].replace(".", "_"))
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.read_text(), "locate", str(host["serving"])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["venvs"] == full["venvs"], proc.stderr
+
+
 def test_wrong_arguments_print_the_usage():
     proc = subprocess.run([sys.executable, str(SCRIPT), "build"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "Usage:" in proc.stderr

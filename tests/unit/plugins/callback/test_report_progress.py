@@ -43,9 +43,14 @@ def named(name):
     return SimpleNamespace(get_name=lambda: name)
 
 
-def task(name, action="ansible.builtin.set_fact", role=None, args=None):
+def task(name, action="ansible.builtin.set_fact", role=None, args=None, register=None):
     return SimpleNamespace(
-        _uuid=f"{role}-{name}", action=action, args=args or {}, get_name=lambda: name, _role=role and named(role)
+        _uuid=f"{role}-{name}",
+        action=action,
+        args=args or {},
+        register=register,
+        get_name=lambda: name,
+        _role=role and named(role),
     )
 
 
@@ -111,9 +116,10 @@ class Run:
             host,
             task(
                 "Poll /health while the unit is alive",
-                "ansible.builtin.script",
+                "ansible.builtin.command",
                 "gpufleet.upgrade.serving",
-                {"cmd": "wait_healthy.py http://127.0.0.1:30000/health gpufleet-serving.service 600"},
+                {"argv": ["/usr/bin/python3", "-c", "...", "http://127.0.0.1:30000/health", "gpufleet-serving"]},
+                register="__serving_health",
             ),
             2,
         )

@@ -167,6 +167,26 @@ def test_fetch_unreachable_mirror(tmp_path):
     assert f"127.0.0.1:{port}" in res["msg"] and "gpufleet_redist_url" in res["msg"]
 
 
+def test_a_cached_archive_is_read_again_only_when_it_changed(mirror, tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _hash_record as hr
+
+    ok, res = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    assert ok and res["changed"], res
+    hashed = []
+    real = hr.file_sha256
+    monkeypatch.setattr(hr, "file_sha256", lambda path, *a: hashed.append(path) or real(path, *a))
+    ok, again = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    assert ok and again["downloaded"] == [] and hashed == [], (again, hashed)
+    # An archive damaged in the cache (same size, new bytes): read, found wrong, fetched again.
+    first = res["plan"]["linux-x86_64"][0]
+    cached = tmp_path / "cache" / first["relative_path"]
+    cached.write_bytes(bytes(cached.stat().st_size))
+    ok, fixed = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    assert ok and fixed["downloaded"] == [first["relative_path"]], fixed
+    assert hashed == [str(cached)]
+    assert cached.read_bytes() == (mirror / first["relative_path"]).read_bytes()
+
+
 @pytest.fixture
 def pushed(mirror, tmp_path):
     """Archives fetched and pushed flat into an archive dir, as the role does; returns (plan, archive_dir)."""
@@ -433,3 +453,31 @@ def test_the_install_marker_keeps_where_the_link_was_first_and_the_host_model_ju
     assert judged["drift"] == [
         f"cuda link: {root}/cuda resolves to {root}/cuda-13.0, the profile wants {root}/cuda-12.8"
     ], judged["drift"]
+
+
+@pytest.mark.parametrize("points_at_the_lock_s_venv", [True, False])
+def test_host_state_publishes_its_verdict_as_the_fact_it_is_told_and_says_whether_current_is_on_the_profile(
+    tmp_path, points_at_the_lock_s_venv
+):
+    from ansible_collections.gpufleet.upgrade.plugins.modules import host_state
+
+    root = tmp_path / "serving"
+    (root / "venvs" / "stack-a").mkdir(parents=True)
+    (root / "venvs" / "stack-old").mkdir(parents=True)
+    (root / "current").symlink_to(root / "venvs" / ("stack-a" if points_at_the_lock_s_venv else "stack-old"))
+    venv = {
+        "link": str(root / "current"),
+        "expected_path": str(root / "venvs" / "stack-a"),
+        "venv_name": "stack-a",
+        "packages": [{"name": "six", "version": "1.17.0"}],
+        "verify": "stat",
+    }
+    ok, res = call(host_state, {"venv": venv, "fact": "assess_result", "state_path": str(tmp_path / "state.json")})
+    assert ok, res
+    fact = res["ansible_facts"]["assess_result"]
+    assert fact == {k: res[k] for k in ("in_sync", "drift", "drifted", "items", "on_profile", "last_run")}
+    assert fact["on_profile"] is points_at_the_lock_s_venv
+    # The venv itself is empty: it drifts either way, so the host is repaired (on the profile) or upgraded.
+    assert not fact["in_sync"] and "serving venv" in fact["drifted"], fact
+    ok, res = call(host_state, {"venv": venv})
+    assert ok and "ansible_facts" not in res, res

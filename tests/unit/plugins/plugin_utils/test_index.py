@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _hash_record as hr
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _index as ix
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as w
 
@@ -187,6 +188,52 @@ def test_download_verifies_sha256_and_reuses_a_good_copy(server, tmp_path):
     assert dest.read_bytes() == body
     assert fetcher.download(server.url + "/p/a.whl", str(dest), hashlib.sha256(body).hexdigest()) is False
     assert fetcher.downloads == [server.url + "/p/a.whl"]
+
+
+def test_a_recorded_wheel_is_not_read_again_and_a_changed_one_is(server, tmp_path, monkeypatch):
+    body = wheel_bytes()
+    sha = hashlib.sha256(body).hexdigest()
+    server.routes["/p/a.whl"] = ("application/octet-stream", body)
+    folder = tmp_path / "wh"
+    fetcher = ix.Fetcher()
+    record = hr.HashRecord(str(folder))
+    assert fetcher.download(server.url + "/p/a.whl", str(folder / "a.whl"), sha, record) is True
+    record.save()
+    hashed = []
+    real = hr.file_sha256
+    monkeypatch.setattr(hr, "file_sha256", lambda path: hashed.append(path) or real(path))
+    # A later run: the record says the file is the one hashed, and it kept its size and mtime.
+    assert fetcher.download(server.url + "/p/a.whl", str(folder / "a.whl"), sha, hr.HashRecord(str(folder))) is False
+    assert hashed == []
+    # Someone rewrites the file (same size, new mtime): it is hashed, found wrong and fetched again.
+    (folder / "a.whl").write_bytes(bytes(len(body)))
+    again = hr.HashRecord(str(folder))
+    assert fetcher.download(server.url + "/p/a.whl", str(folder / "a.whl"), sha, again) is True
+    assert hashed == [str(folder / "a.whl")]
+    assert (folder / "a.whl").read_bytes() == body
+    again.save()
+    assert json.loads((folder / hr.HashRecord.NAME).read_text())["a.whl"][2] == sha
+
+
+def test_the_wheelhouse_check_reads_only_changed_files(tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheel_plan as wp
+
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    lock = {"packages": [], "tools": []}
+    for name in ("a.whl", "b.whl"):
+        (wh / name).write_bytes(name.encode() * 1000)
+        lock["packages"].append({"filename": name, "sha256": hashlib.sha256(name.encode() * 1000).hexdigest()})
+    lock["tools"].append({"filename": "missing.whl", "sha256": "0" * 64})
+    assert wp.verify_wheelhouse(lock, str(wh)) == ["missing.whl"]
+    hashed = []
+    real = hr.file_sha256
+    monkeypatch.setattr(hr, "file_sha256", lambda path: hashed.append(os.path.basename(path)) or real(path))
+    assert wp.verify_wheelhouse(lock, str(wh)) == ["missing.whl"]
+    assert hashed == []
+    (wh / "b.whl").write_bytes(b"x" * 3000)
+    assert wp.verify_wheelhouse(lock, str(wh)) == ["b.whl", "missing.whl"]
+    assert hashed == ["b.whl"]
 
 
 def test_download_with_hash_mismatch_leaves_nothing(server, tmp_path):

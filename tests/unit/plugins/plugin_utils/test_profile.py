@@ -105,3 +105,36 @@ def test_default_index_comes_from_the_environment(monkeypatch):
 def test_redist_override():
     profile = prof.load_profile(name="lab", redist_url="http://127.0.0.1:9/redist")
     assert profile["cuda"]["sources"]["redist"]["url"] == "http://127.0.0.1:9/redist"
+
+
+# ---------------------------------------------------------------- the host's settings (action stack_profile)
+
+
+def test_a_host_without_its_own_settings_gets_the_profile_s():
+    profile = load("cu130")
+    got = prof.host_settings(profile)
+    assert got == {
+        "gpufleet_serving_port": profile["serving"]["port"],
+        "gpufleet_gpu_required": profile["gpu"]["required"],
+    }
+
+
+@pytest.mark.parametrize(("port", "required"), [("31001", "no"), (31001, False), ("31001", "false")])
+def test_the_inventory_s_settings_win_and_are_typed(port, required):
+    got = prof.host_settings(load("cu130"), port, required)
+    assert got == {"gpufleet_serving_port": 31001, "gpufleet_gpu_required": False}
+
+
+@pytest.mark.parametrize("port", ["http", "0", 70000, "30000.5"])
+def test_a_bad_port_names_the_variable_the_value_and_the_fix(port):
+    with pytest.raises(
+        ValueError, match=r"gpufleet_serving_port=.* is not a TCP port; set it to a number from 1 to 65535"
+    ):
+        prof.host_settings(load("cu130"), port)
+
+
+def test_a_bad_gpu_required_names_the_variable_the_value_and_the_fix():
+    with pytest.raises(
+        ValueError, match=r"gpufleet_gpu_required='sometimes' is not a boolean; set it to true or false"
+    ):
+        prof.host_settings(load("cu130"), None, "sometimes")
