@@ -2,13 +2,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A sweep of forks and of the SSH connection settings (pipelining, ControlPersist) on a lab fleet.
 
-    python bench/connection_sweep.py [--hosts 16] [--rounds 2] [--playbook audit|converged] [--keep]
+    python bench/connection_sweep.py [--hosts 16] [--rounds 2] [--playbook audit|converged] [--keep] [--lab NAME]
 
 Brings up lab cs-<N> at the old stack (upgrades it first for --playbook converged), then runs the playbook once per
 setting per round, the settings interleaved round by round so that the machine's drift hits them alike. Prints,
 per setting, the median wall time and controller CPU seconds (the playbook's own and its children's) and the ratio
 to the checkout's ansible.cfg (forks 16, pipelining on, ControlPersist 60s), as JSON. The lab's nodes run on the
 same cores as the controller, so forks beyond the cores mostly queue here; on a fleet they run on the hosts.
+--lab NAME sweeps a lab that is already up (e.g. hs-16, kept by bench/host_state.py --keep) and leaves it up.
 """
 
 from __future__ import annotations
@@ -64,12 +65,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--playbook", choices=["audit", "converged"], default="audit")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--lab", help="an existing lab to sweep (left up); default: bring up cs-<hosts>")
     args = ap.parse_args(argv)
-    lab = f"cs-{args.hosts}"
+    lab = args.lab or f"cs-{args.hosts}"
     ports = mirror_ports()
     mirrors.build()
     mirrors.start(ports)
-    nodes.up(args.hosts, lab, ports)
+    if args.lab:
+        args.keep = True
+        args.hosts = len(nodes.load_state(lab)["nodes"])
+        if not args.hosts:
+            raise SystemExit(f"lab {lab} has no nodes: bring it up first (python -m lab up N --name {lab})")
+    else:
+        nodes.up(args.hosts, lab, ports)
     samples = {name: [] for name in SETTINGS}
     try:
         if args.playbook == "converged":

@@ -57,6 +57,22 @@ SYSTEMD_ACTIONS = ("ansible.builtin.systemd_service", "ansible.builtin.systemd",
 HEALTH_WAIT_REGISTER = "__serving_health"
 
 
+def render_audit(published):
+    """Text block of an audit: one line per host, its verdict ("in sync with <profile>" or its drift items)."""
+    audits = {h: r for h, r in published.items() if isinstance(r, dict) and "in_sync" in r and "drift" in r}
+    if not audits:
+        return ""
+    lines = ["", "GPUFLEET AUDIT " + "*" * 65]
+    for host in sorted(audits):
+        report = audits[host]
+        drift = "drift: " + "; ".join(report["drift"])
+        verdict = f"in sync with {report.get('profile')}" if report["in_sync"] else drift
+        lines.append(f"{host}: {verdict}")
+    drifted = sum(1 for r in audits.values() if not r["in_sync"])
+    lines.append(f"{len(audits)} host(s) audited, {drifted} drifted")
+    return "\n".join(lines)
+
+
 def render(reports, unreachable=()):
     """Text block of the summary: one line per host, then its phases in run order."""
     if not reports and not unreachable:
@@ -229,9 +245,9 @@ class CallbackModule(CallbackBase):
         return written
 
     def v2_playbook_on_stats(self, stats):
-        text = render(self.reports, self.unreachable)
-        if text:
-            self._display.display(text)
+        for text in (render(self.reports, self.unreachable), render_audit(self.published)):
+            if text:
+                self._display.display(text)
         path = self.get_option("summary_file")
         if path:
             with open(path, "w", encoding="utf-8") as handle:

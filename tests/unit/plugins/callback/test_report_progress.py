@@ -285,3 +285,18 @@ def test_report_html_opens_in_headless_chromium(run, tmp_path):
         check=True,
     )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def test_the_audit_prints_each_host_s_verdict_and_the_count():
+    published = {
+        "n2": {"host": "n2", "profile": "cu130", "in_sync": False, "drift": ["six 1.17.0 missing", "unit edited"]},
+        "n1": {"host": "n1", "profile": "cu130", "in_sync": True, "drift": []},
+        # An upgrade's report (no verdict of the model) is not an audit's line.
+        "n3": {"host": "n3", "outcome": "upgraded"},
+    }
+    assert us.render_audit(published).splitlines()[2:] == [
+        "n1: in sync with cu130",
+        "n2: drift: six 1.17.0 missing; unit edited",
+        "2 host(s) audited, 1 drifted",
+    ]
+    assert us.render_audit({"n3": published["n3"]}) == ""
