@@ -3,7 +3,10 @@
 """Benchmark: rebuild the lab serving venv of one lock three ways, cold and warm cache, in one run.
 
 1. role    - gpufleet.upgrade.venv_rebuild (inspect + one build call: uv from the tools venv, hashes required,
-             verification inside the new venv, the mark), a whole ansible-playbook run
+             verification inside the new venv, the mark), a whole ansible-playbook run; it plans (probes the indexes,
+             resolves with uv) as a standalone run does
+   role-lock - the same given the planned lock (-e gpufleet_wheel_lock), as an upgrade's later batches and an
+             operator applying a reviewed lock run it: the install path that the pip and uv rows also get a lock for
 2. pip     - the same lock through ansible.builtin.pip (python -m venv + pip, hashes required)
 3. uv      - raw `uv venv && uv pip sync` of the same lock on the node (the role's flags: hashes required, no index,
              copies), no Ansible
@@ -67,6 +70,26 @@ def task_seconds(res, names) -> float:
     return total
 
 
+def build_steps(res) -> dict[str, float]:
+    """The build step's own timing of its host steps (venv_host.py build's "seconds")."""
+    for ev in res.events:
+        data = ev.get("event_data", {})
+        if ev.get("event") == "runner_on_ok" and any(n in data.get("task", "") for n in BUILD_TASKS):
+            out = data.get("res", {}).get("stdout", "")
+            return json.loads(out).get("seconds", {}) if out.strip().startswith("{") else {}
+    return {}
+
+
+def task_durations(res) -> dict[str, float]:
+    """Seconds per task name (summed over hosts) of one run, from ansible-runner's task events."""
+    out: dict[str, float] = {}
+    for ev in res.events:
+        data = ev.get("event_data", {})
+        if ev.get("event") in ("runner_on_ok", "runner_on_skipped", "runner_on_failed") and data.get("duration"):
+            out[data.get("task", "?")] = out.get(data.get("task", "?"), 0.0) + float(data["duration"])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
@@ -108,19 +131,27 @@ def main() -> int:
         lock_file = f"{SERVING}/locks/{lock['venv_name']}.txt"
         size_mb = sum(e["size"] or 0 for e in lock["packages"]) / 1e6
         rows = {}
+        role_tasks: dict[tuple[str, str], list[float]] = {}
+        role_steps: dict[tuple[str, str, str], list[float]] = {}
 
         def record(method, cache, seconds, build=None):
             rows.setdefault((method, cache), []).append((seconds, build))
 
         for _ in range(args.repeats):
             for cache in ("cold", "warm"):
-                # role
-                sh(node, f"rm -rf {venv}" + (" /root/.cache/uv" if cache == "cold" else ""))
-                t0 = time.monotonic()
-                res = run_playbook(ROLE_PLAYBOOK, inventory, base)
-                wall = time.monotonic() - t0
-                assert res.rc == 0, res
-                record("role", cache, wall, task_seconds(res, BUILD_TASKS))
+                # role: as a standalone run plans (probes the indexes); role-lock: given the planned lock, as the
+                # later batches of an upgrade are and as an operator applies a reviewed lock (-e gpufleet_wheel_lock)
+                for method, extra in (("role", {}), ("role-lock", {"gpufleet_wheel_lock": lock})):
+                    sh(node, f"rm -rf {venv}" + (" /root/.cache/uv" if cache == "cold" else ""))
+                    t0 = time.monotonic()
+                    res = run_playbook(ROLE_PLAYBOOK, inventory, {**base, **extra})
+                    wall = time.monotonic() - t0
+                    assert res.rc == 0, res
+                    record(method, cache, wall, task_seconds(res, BUILD_TASKS))
+                    for name, secs in task_durations(res).items():
+                        role_tasks.setdefault((method, name), []).append(secs)
+                    for step, secs in build_steps(res).items():
+                        role_steps.setdefault((method, cache, step), []).append(secs)
                 # ansible.builtin.pip
                 sh(node, f"rm -rf {SERVING}/bench-pip" + (" /root/.cache/pip" if cache == "cold" else ""))
                 t0 = time.monotonic()
@@ -152,17 +183,28 @@ def main() -> int:
         med = {k: statistics.median(s for s, _ in v) for k, v in rows.items()}
         med_build = {k: statistics.median(b for _, b in v) for k, v in rows.items()}
         print(f"lock {lock['venv_name']}: {len(lock['packages'])} wheels, {size_mb:.1f} MB; repeats {args.repeats}")
-        print(f"{'method':8} {'cache':5} {'wall s (median)':>16} {'install step s':>15}")
+        print(f"{'method':9} {'cache':5} {'wall s (median)':>16} {'install step s':>15}")
         for (method, cache), value in sorted(med.items()):
-            print(f"{method:8} {cache:5} {value:16.2f} {med_build[(method, cache)]:15.2f}")
+            print(f"{method:9} {cache:5} {value:16.2f} {med_build[(method, cache)]:15.2f}")
         for cache in ("cold", "warm"):
-            print(
-                f"{cache}: pip/role wall {med[('pip', cache)] / med[('role', cache)]:.2f}x, "
-                f"pip/role install step {med_build[('pip', cache)] / med_build[('role', cache)]:.2f}x, "
-                f"role/uv wall {med[('role', cache)] / med[('uv', cache)]:.2f}x, "
-                f"role/uv install step {med_build[('role', cache)] / med[('uv', cache)]:.2f}x, "
-                f"role fixed overhead (role wall - uv) {med[('role', cache)] - med[('uv', cache)]:.2f} s"
-            )
+            for method in ("role", "role-lock"):
+                print(
+                    f"{cache}: pip/{method} wall {med[('pip', cache)] / med[(method, cache)]:.2f}x, "
+                    f"pip/{method} install step {med_build[('pip', cache)] / med_build[(method, cache)]:.2f}x, "
+                    f"{method}/uv wall {med[(method, cache)] / med[('uv', cache)]:.2f}x, "
+                    f"{method}/uv install step {med_build[(method, cache)] / med[('uv', cache)]:.2f}x, "
+                    f"{method} fixed overhead (wall - uv) {med[(method, cache)] - med[('uv', cache)]:.2f} s"
+                )
+        runs = 2 * args.repeats
+        for method in ("role", "role-lock"):
+            top = sorted(((n, v) for (m, n), v in role_tasks.items() if m == method), key=lambda kv: -sum(kv[1]))
+            print(f"where {method}'s wall goes (mean s per run over {runs} runs, top 8 tasks):")
+            for name, secs in top[:8]:
+                print(f"  {sum(secs) / runs:6.2f}  {name}")
+            for cache in ("cold", "warm"):
+                steps = [(step, v) for (m, c, step), v in role_steps.items() if (m, c) == (method, cache)]
+                shown = ", ".join(f"{step} {statistics.median(v):.2f}" for step, v in steps)
+                print(f"  {method} build step's host steps, {cache} (median s): {shown}")
         return 0
     finally:
         if server:

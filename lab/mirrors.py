@@ -107,14 +107,16 @@ def _our_pid(name: str, port: int) -> int | None:
     return None
 
 
-def _answers(name: str, port: int) -> bool:
-    """Whether a server on the port answers like this mirror (e.g. one started from another checkout)."""
-    path = "/redist/" if name == "redist" else "/simple/"
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+def _other_server(port: int) -> str:
+    """The lab.serve process of another checkout on the port, as 'pid N in DIR', or '' if none is found."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"lab.serve" in cmdline and str(port).encode() in cmdline:
+                return f"pid {proc.name} in {os.readlink(proc / 'cwd')}"
+        except (OSError, ValueError):
+            continue
+    return ""
 
 
 def start(ports: dict[str, int] | None = None) -> dict:
@@ -135,12 +137,14 @@ def _start(ports: dict[str, int]) -> dict:
         if _our_pid(name, port):
             continue
         if port_open(port):
-            if _answers(name, port):
-                log(f"mirror {name}: 127.0.0.1:{port} already served by a process this lab did not start; using it")
-                continue
+            # Never share another checkout's mirror: its access log is not this checkout's, so every test that counts
+            # requests (download economy, one copy per run) would read an empty log and fail without saying why.
+            other = _other_server(port)
             raise RuntimeError(
-                f"mirror {name}: 127.0.0.1:{port} is in use by another process; "
-                f"stop it or choose another port ({'LAB_' + name.upper().replace('LAB-', '').replace('-', '_')}_PORT)"
+                f"mirror {name}: 127.0.0.1:{port} is in use by "
+                + (f"another checkout's lab mirror ({other})" if other else "another process")
+                + "; stop it (`python -m lab mirrors stop` in that checkout) or choose another port "
+                f"({'LAB_' + name.upper().replace('LAB-', '').replace('-', '_')}_PORT)"
             )
         cmd = [
             sys.executable,

@@ -218,3 +218,37 @@ def test_private_server_that_cannot_start_says_which_and_where(tmp_path):
 
     with pytest.raises(RuntimeError, match=r"unit-broken: lab.serve on http://127.0.0.1:\d+/simple did not start"):
         PrivateServer("unit-broken", ["--kind", "nonsense", "--root", str(tmp_path)], "/simple", tmp_path / "log")
+
+
+def test_a_mirror_port_held_by_another_checkouts_server_is_refused_naming_it(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from lab import mirrors
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # A lab.serve of another checkout: its command line names lab.serve and the port, its cwd is that checkout.
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; time.sleep(60)", "lab.serve", "--port", str(port)], cwd=tmp_path
+    )
+    try:
+        # Right after the fork its command line can still be empty: wait until the kernel shows the new one.
+        deadline = time.monotonic() + 10
+        while not (Path("/proc") / str(other.pid) / "cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mirrors._other_server(port) == f"pid {other.pid} in {tmp_path}"
+        monkeypatch.setattr(mirrors, "is_built", lambda: True)
+        monkeypatch.setattr(mirrors, "RUN", tmp_path / "run")
+        monkeypatch.setattr(mirrors, "LOGS", tmp_path / "logs")
+        monkeypatch.setattr(mirrors, "port_open", lambda p: p == port)
+        ports = {"lab-main": port, "lab-stale": port, "redist": port}
+        with pytest.raises(RuntimeError, match=rf"127.0.0.1:{port} is in use by another checkout's lab mirror "):
+            mirrors._start(ports)
+    finally:
+        other.kill()
+        other.wait()

@@ -19,7 +19,8 @@ streams; a wrong file is refused and never installed), write the lock's requirem
 the tools venv when it differs, remove an unverified venv of this lock (a failed build's leftovers), create the
 venv with the host's Python and ``uv pip sync --require-hashes --no-index --link-mode copy``, run the verifier
 inside the new venv, and mark the venv verified. With "check", it reports the steps it would run and changes
-nothing. The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error", "verify"}.
+nothing. The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error", "verify", "seconds"}; "seconds"
+gives the wall time of each step run (the fetch, the sync, the verifier ...), which the summary and bench/ read.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 
 LIST_PACKAGES = (
@@ -259,12 +261,21 @@ def build_steps(spec, known):
 
 
 def build(spec):
+    seconds, started = {}, [time.monotonic()]
+
+    def lap(step):
+        now = time.monotonic()
+        seconds[step] = round(now - started[0], 3)
+        started[0] = now
+
     recorded = recorded_hashes(spec["wheelhouse"]) if os.path.isdir(spec["wheelhouse"]) else {}
     known = dict(recorded)
     steps, missing = build_steps(spec, known)
+    lap("steps")
     answer = {"ok": True, "changed": True, "steps": steps, "fetched": [w["filename"] for w in missing]}
     if spec.get("check"):
         return answer
+    answer["seconds"] = seconds
     uv = os.path.join(spec["tools_root"], "bin", "uv")
     try:
         for folder in (
@@ -278,6 +289,8 @@ def build(spec):
             known[wheel["filename"]] = fetch(
                 f"{spec['pull_base']}/{wheel['filename']}", dest, wheel["sha256"], spec.get("timeout", 600)
             )
+        if missing:
+            lap("fetch")
         if known != recorded:
             record_hashes(spec["wheelhouse"], known)
         write_text(spec["lock_file"], spec["lock_text"])
@@ -288,19 +301,24 @@ def build(spec):
             pip = [os.path.join(spec["tools_root"], "bin", "pip"), "install", "--no-index", "--find-links"]
             pip += [spec["wheelhouse"], "--require-hashes", "--disable-pip-version-check", "-r", spec["tools_file"]]
             command("tools", pip)
+            lap("tools")
         if "remove unverified" in steps:
             shutil.rmtree(spec["venv"])
         command("venv", [uv, "venv", "--no-config", "--python", spec["python"], spec["venv"]])
+        lap("venv")
         # Copies, never hardlinks into uv's cache: an edit to one venv's file must not reach the cache and every
         # venv built from it (uv hardlinks by default on Linux). A repair ignores the cache: it may hold the
         # damaged files.
         sync = [uv, "pip", "sync", "--no-config", "--require-hashes", "--no-index", "--link-mode", "copy"]
         sync += ["--find-links", spec["wheelhouse"], "--python", os.path.join(spec["venv"], "bin", "python")]
         command("sync", sync + (["--no-cache"] if spec.get("no_cache") else []) + [spec["lock_file"]])
+        lap("sync")
         answer["verify"] = verify(spec, uv)
+        lap("verify")
         if not answer["verify"].get("ok"):
             raise StepError("verify", "; ".join(answer["verify"].get("failures") or ["no answer"]))
         write_text(os.path.join(spec["venv"], MARK), spec["mark"] + "\n")
+        lap("mark")
     except StepError as exc:
         answer.update(ok=False, failed_step=exc.step, error=exc.error, output=exc.output[-4000:])
     except OSError as exc:

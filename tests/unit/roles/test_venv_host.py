@@ -119,6 +119,9 @@ def test_build_pulls_checks_installs_verifies_and_marks(host, cache):
     assert answer["ok"], answer
     assert answer["steps"] == ["fetch", "lock file", "venv", "sync", "verify", "mark"], answer
     assert answer["fetched"] == [wheel.name]
+    # Each step that ran is timed (the bench and the summary read where a build's time goes).
+    assert list(answer["seconds"]) == ["steps", "fetch", "venv", "sync", "verify", "mark"], answer
+    assert all(secs >= 0 for secs in answer["seconds"].values()) and answer["seconds"]["sync"] > 0, answer
     venv = Path(spec_for(host, wheel, base)["venv"])
     assert (venv / ".gpufleet-verified").read_text() == "lockhash\n"
     probe = [venv / "bin" / "python", "-c", "import gf_probe; print(gf_probe.VERSION)"]
@@ -144,6 +147,7 @@ def test_check_mode_reports_the_steps_and_changes_nothing(host, cache):
     answer = vh.build(spec_for(host, wheel, base, check=True))
     assert answer["ok"] and answer["changed"] and answer["fetched"] == [wheel.name], answer
     assert "sync" in answer["steps"] and not host["serving"].exists()
+    assert "seconds" not in answer, answer
 
 
 def test_an_edited_wheel_is_hashed_again_and_fetched_again(host, cache):
