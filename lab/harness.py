@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -64,6 +65,12 @@ class PlaybookResult:
         for h in hosts:
             out += [r for r in self.results.get(h, []) if r.task == name or name in r.task]
         return out
+
+    def audit_reports(self) -> dict[str, dict]:
+        """audit.yml's report of each host, as the summary callback wrote it (``<host>.json`` in the audit's folder)."""
+        run = self.task("Note the audit's run for the report").res["ansible_facts"]["gpufleet_audit_run"]
+        folder = Path(run["dir"])
+        return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if p.name != "report.json"}
 
     def changed_tasks(self, host: str | None = None) -> list[TaskResult]:
         hosts = [host] if host else list(self.results)

@@ -22,7 +22,9 @@ description:
   - At the end writes the fleet report into the run's folder - C(report.json),
     C(report.md), C(report.html), C(junit.xml) (C(plugins/plugin_utils/_fleet_report.py)) - and prints its path.
     Phase durations and downtime come from what it saw during the run, so the report exists only where this
-    callback is enabled; C(playbooks/audit.yml) publishes C(gpufleet_audit_report), reported the same way.
+    callback is enabled. For C(playbooks/audit.yml) the callback builds each host's audit report itself, from the
+    audit's run (fact C(gpufleet_audit_run), published once) and the host model's verdict (C(assess_result)), so
+    the audit has no task per host for its report.
   - Enable it with C(callbacks_enabled = gpufleet.upgrade.upgrade_summary) in ansible.cfg.
 requirements:
   - enable in configuration
@@ -46,8 +48,11 @@ from ansible.plugins.callback import CallbackBase  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _batches, _fleet_report  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._outcome import REPORT_ORDER, report_kind  # noqa: E402
 
-# The facts a host publishes that the fleet report is built from (docs/design.md lists each).
-REPORT_FACTS = ("gpufleet_upgrade_report", "gpufleet_audit_report")
+# The facts the fleet report is built from (docs/design.md lists each): the host's report of an upgrade or rollback;
+# for an audit, the run audit.yml publishes once ({run_id, dir}) and each host's verdict of the host model.
+REPORT_FACT = "gpufleet_upgrade_report"
+AUDIT_RUN_FACT = "gpufleet_audit_run"
+VERDICT_FACT = "assess_result"
 ROLE_FACTS = ("preflight_report", "assess_result", "postcheck_baseline", "postcheck_result")
 RUN_DIR_FACT = "gpufleet_run_dir"
 # The phase the upgrade notes in memory (playbooks/tasks/phase.yml): {name, completed}; its changes time the phases.
@@ -134,6 +139,8 @@ class CallbackModule(CallbackBase):
         self.facts = {}  # host -> {role fact: value}
         self.timelines = {}  # host -> [(t, event, name)]
         self.run_dirs = {}  # host -> its run's folder on the controller
+        self.audit_run = None  # audit.yml's run ({run_id, dir}), once published
+        self.profiles = {}  # host -> the name of the stack profile loaded for it (role stack)
         self.unreachable = set()
         self.started = {}  # (host, task uuid) -> when the task started on the host
         self.batch = None  # {"play", "k", "n", "hosts"} of the serial play's batch in flight
@@ -193,15 +200,32 @@ class CallbackModule(CallbackBase):
             # The unit went down when the task that stopped it started; it was back when the wait answered.
             when = since if serving == "down" and since is not None else self.clock()
             self.timelines.setdefault(host, []).append((when, serving, result._task.get_name()))
-        for name in REPORT_FACTS:
-            report = facts.get(name)
-            if isinstance(report, dict):
-                self.published[host] = report
-                self._event(host, "report")
-                self._keep_host_report(host, report)
-                if name == "gpufleet_upgrade_report":
-                    self.reports[host] = report
-                    self._progress(host, report)
+        if isinstance(facts.get("gpufleet_stack"), dict):
+            self.profiles[host] = facts["gpufleet_stack"].get("name")
+        if isinstance(facts.get(AUDIT_RUN_FACT), dict):
+            self.audit_run = facts[AUDIT_RUN_FACT]
+        if self.audit_run and VERDICT_FACT in facts:
+            self._publish(host, self._audit_report(host, facts[VERDICT_FACT]))
+        report = facts.get(REPORT_FACT)
+        if isinstance(report, dict):
+            self._publish(host, report)
+            self.reports[host] = report
+            self._progress(host, report)
+
+    def _audit_report(self, host, verdict):
+        self.run_dirs[host] = str(self.audit_run.get("dir") or "")
+        try:
+            return _fleet_report.audit_report(host, verdict, self.audit_run, self.profiles.get(host))
+        except _fleet_report.ReportError as exc:
+            self._display.warning(f"gpufleet: {exc}")
+            return None
+
+    def _publish(self, host, report):
+        if report is None:
+            return
+        self.published[host] = report
+        self._event(host, "report")
+        self._keep_host_report(host, report)
 
     def _keep_host_report(self, host, report):
         """The host's report in the run's folder as soon as it is published (the controller's record, not a task)."""

@@ -4,12 +4,12 @@
 """The fleet report of a run: pure logic, no Ansible (controller side).
 
 One record per host, built from what the host published (``gpufleet_upgrade_report`` of upgrade.yml and
-rollback.yml, or ``gpufleet_audit_report`` of audit.yml), the role facts seen for it (``preflight_report``,
-``assess_result``, ``postcheck_baseline``, ``postcheck_result``) and a timeline of events the summary callback
-noted while the run went (a phase started or completed, a task failed, the serving unit went down or answered
-again, the report was published). From the records: ``report.json``, ``report.md``, ``report.html`` (inline SVG,
-no external assets), ``junit.xml`` (one testcase per host and gate) and, per host, a Prometheus textfile for
-node_exporter's textfile collector.
+rollback.yml) or, for audit.yml, the report ``audit_report`` builds from the host model's verdict, the role facts
+seen for it (``preflight_report``, ``assess_result``, ``postcheck_baseline``, ``postcheck_result``) and a timeline
+of events the summary callback noted while the run went (a phase started or completed, a task failed, the serving
+unit went down or answered again, the report was published). From the records: ``report.json``, ``report.md``,
+``report.html`` (inline SVG, no external assets), ``junit.xml`` (one testcase per host and gate) and, per host, a
+Prometheus textfile for node_exporter's textfile collector.
 
 The callback ``upgrade_summary`` calls it once, at the end of the run; the host task that writes the textfile
 calls ``textfile`` through the filter ``gpufleet.upgrade.fleet_textfile``.
@@ -23,6 +23,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_model import VENV_LINK
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _outcome
 
 SCHEMA = "gpufleet.fleet_report/v1"
@@ -149,6 +150,32 @@ def _ordered(names):
     return sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n))
 
 
+def audit_report(host, verdict, run, profile) -> dict:
+    """A host's audit report, from the host model's verdict (``assess_result`` of module host_state) and the audit's
+    run (``gpufleet_audit_run``: ``run_id``, ``dir``): the summary callback builds it, so the audit has no task per
+    host for its report. ``serving_venv`` / ``expected_venv`` are what ``current`` points at and the venv of the lock.
+    """
+    if not isinstance(verdict, dict) or "in_sync" not in verdict:
+        raise ReportError(
+            f"{host}: the host model's verdict has no in_sync: {str(verdict)[:80]!r}; "
+            "fix: publish it with module gpufleet.upgrade.host_state (option fact)"
+        )
+    items = [i for i in verdict.get("items") or [] if isinstance(i, dict)]
+    link = next((i for i in items if i.get("item") == VENV_LINK), {})
+    return {
+        "host": host,
+        "run_id": str((run or {}).get("run_id") or ""),
+        "profile": str(profile or ""),
+        "in_sync": bool(verdict["in_sync"]),
+        "drift": list(verdict.get("drift") or []),
+        "drifted": list(verdict.get("drifted") or []),
+        "items": items,
+        "serving_venv": link.get("observed"),
+        "expected_venv": link.get("expected"),
+        "last_run": verdict.get("last_run") or {},
+    }
+
+
 def _audit_record(host, audit):
     items = [i for i in audit.get("items") or [] if isinstance(i, dict)]
     in_sync = bool(audit.get("in_sync"))
@@ -190,8 +217,8 @@ def _run_record(report, facts):
 def host_record(host, report, facts=None, timeline=None) -> dict:
     """One host's record: outcome, phases (note, duration, status), downtime, benchmark, backup, drift, gates.
 
-    ``report`` is the host's ``gpufleet_upgrade_report`` (upgrade, rollback) or ``gpufleet_audit_report``
-    (audit: it has ``in_sync``); None for a host that never published one (unreachable).
+    ``report`` is the host's ``gpufleet_upgrade_report`` (upgrade, rollback) or its audit report (``audit_report``:
+    it has ``in_sync``); None for a host that never published one (unreachable).
     """
     facts = facts if isinstance(facts, dict) else {}
     if report is None:

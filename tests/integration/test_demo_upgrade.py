@@ -40,7 +40,7 @@ def served(fleet, node):
 
 
 def audits(result):
-    return {r.host: r.res["ansible_facts"]["gpufleet_audit_report"] for r in result.tasks("Note the host's audit")}
+    return result.audit_reports()
 
 
 def test_audit_upgrade_audit(fleet, run_playbook, node_exec, tmp_path):

@@ -56,7 +56,7 @@ def sh(node_exec, node, script):
 
 
 def audits(result):
-    return {r.host: r.res["ansible_facts"]["gpufleet_audit_report"] for r in result.tasks("Note the host's audit")}
+    return result.audit_reports()
 
 
 def reports(result):

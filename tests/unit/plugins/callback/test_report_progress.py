@@ -300,3 +300,42 @@ def test_the_audit_prints_each_host_s_verdict_and_the_count():
         "2 host(s) audited, 1 drifted",
     ]
     assert us.render_audit({"n3": published["n3"]}) == ""
+
+
+def test_the_audit_s_reports_are_built_by_the_callback_from_each_verdict(tmp_path):
+    """audit.yml publishes its run once and each host its verdict: the callback writes <host>.json, the fleet
+    report and the verdict lines; an upgrade's verdicts (no audit run published) are not audits."""
+    run = Run(tmp_path)
+    audit_dir = tmp_path / "audits" / RUN
+    run.ok(
+        "n1",
+        task("Note the audit's run for the report"),
+        0,
+        ansible_facts={us.AUDIT_RUN_FACT: {"run_id": f"audit-{RUN}", "dir": str(audit_dir)}},
+    )
+    for host, in_sync in (("n1", True), ("n2", False)):
+        run.ok(
+            host, task("Load and validate the stack profile"), 0, ansible_facts={"gpufleet_stack": {"name": "cu130"}}
+        )
+        verdict = {"in_sync": in_sync, "drift": [] if in_sync else ["six 1.17.0 missing"], "items": []}
+        run.ok(
+            host,
+            task("Compare the host with the profile", "gpufleet.upgrade.host_state"),
+            0,
+            ansible_facts={us.VERDICT_FACT: verdict},
+        )
+    saved = json.loads((audit_dir / "n2.json").read_text())
+    assert (saved["run_id"], saved["profile"], saved["drift"]) == (f"audit-{RUN}", "cu130", ["six 1.17.0 missing"])
+    run.cb.v2_playbook_on_stats(None)
+    assert "n2: drift: six 1.17.0 missing" in run.display.lines[-2]
+    fleet = json.loads((audit_dir / "report.json").read_text())
+    assert fleet["kind"] == "audit" and [h["host"] for h in fleet["hosts"]] == ["n1", "n2"]
+
+    upgrade = Run(tmp_path)
+    upgrade.ok(
+        "n1",
+        task("Compare the host with the profile", "gpufleet.upgrade.host_state"),
+        0,
+        ansible_facts={us.VERDICT_FACT: {"in_sync": True, "drift": [], "items": []}},
+    )
+    assert upgrade.cb.published == {}

@@ -214,6 +214,36 @@ def test_check_mode_has_no_downtime_and_an_audit_names_its_drift():
     assert fr.fleet([record])["kind"] == "audit"
 
 
+def test_an_audit_report_is_built_from_the_host_model_s_verdict():
+    verdict = {
+        "in_sync": False,
+        "drift": ["serving venv link: current is seed, the lock wants lab-8304"],
+        "drifted": ["serving venv link"],
+        "items": [
+            {"item": "toolkit", "ok": True, "expected": {}, "observed": {}, "drift": []},
+            {"item": "serving venv link", "ok": False, "expected": "/v/lab-8304", "observed": "/v/seed", "drift": []},
+        ],
+        "on_profile": False,
+        "last_run": {"run_id": "r0"},
+    }
+    report = fr.audit_report("n1", verdict, {"run_id": "audit-1", "dir": "/x"}, "cu130")
+    assert report == {
+        "host": "n1",
+        "run_id": "audit-1",
+        "profile": "cu130",
+        "in_sync": False,
+        "drift": verdict["drift"],
+        "drifted": ["serving venv link"],
+        "items": verdict["items"],
+        "serving_venv": "/v/seed",
+        "expected_venv": "/v/lab-8304",
+        "last_run": {"run_id": "r0"},
+    }
+    assert fr.host_record("n1", report, {}, [(0, "report", "")])["outcome"].startswith("drift: serving venv link")
+    with pytest.raises(fr.ReportError, match=r"^n2: the host model's verdict has no in_sync.*fix: publish it with"):
+        fr.audit_report("n2", {"drift": []}, {}, "cu130")
+
+
 def test_a_report_that_is_not_a_dict_is_refused_naming_the_host():
     with pytest.raises(fr.ReportError, match=r"^n7: the published report is a str.*fix: publish it with"):
         fr.host_record("n7", "upgraded", {}, [])
