@@ -62,12 +62,7 @@ def sh(node: str, cmd: str) -> str:
 
 def task_seconds(res, names) -> float:
     """Time the role spent in its build tasks (from ansible-runner's per-task durations)."""
-    total = 0.0
-    for ev in res.events:
-        data = ev.get("event_data", {})
-        if ev.get("event") == "runner_on_ok" and any(n in data.get("task", "") for n in names):
-            total += float(data.get("duration") or 0)
-    return total
+    return sum(secs for task, secs in task_durations(res).items() if any(n in task for n in names))
 
 
 def build_steps(res) -> dict[str, float]:

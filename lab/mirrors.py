@@ -94,28 +94,32 @@ def _started_code(name: str, port: int) -> str | None:
     return lines[1] if len(lines) > 1 else None
 
 
+def _serves(proc: Path, port: int) -> bool:
+    """Whether the process /proc/<pid> is a lab.serve on the port (False when it is gone or unreadable)."""
+    try:
+        cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"lab.serve" in cmdline and str(port).encode() in cmdline
+
+
 def _our_pid(name: str, port: int) -> int | None:
     """The pid from the pid file if that process is still our server (pids get reused)."""
-    pf = pid_file(name, port)
     try:
-        pid = int(pf.read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
+        pid = int(pid_file(name, port).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    if b"lab.serve" in cmdline and str(port).encode() in cmdline:
-        return pid
-    return None
+    return pid if _serves(Path(f"/proc/{pid}"), port) else None
 
 
 def _other_server(port: int) -> str:
     """The lab.serve process of another checkout on the port, as 'pid N in DIR', or '' if none is found."""
     for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"lab.serve" in cmdline and str(port).encode() in cmdline:
+        if proc.name.isdigit() and _serves(proc, port):
+            try:
                 return f"pid {proc.name} in {os.readlink(proc / 'cwd')}"
-        except (OSError, ValueError):
-            continue
+            except OSError:
+                continue
     return ""
 
 

@@ -205,6 +205,7 @@ class CallbackModule(CallbackBase):
         if isinstance(facts.get(AUDIT_RUN_FACT), dict):
             self.audit_run = facts[AUDIT_RUN_FACT]
         if self.audit_run and VERDICT_FACT in facts:
+            self.run_dirs[host] = str(self.audit_run.get("dir") or "")
             self._publish(host, self._audit_report(host, facts[VERDICT_FACT]))
         report = facts.get(REPORT_FACT)
         if isinstance(report, dict):
@@ -213,7 +214,6 @@ class CallbackModule(CallbackBase):
             self._progress(host, report)
 
     def _audit_report(self, host, verdict):
-        self.run_dirs[host] = str(self.audit_run.get("dir") or "")
         try:
             return _fleet_report.audit_report(host, verdict, self.audit_run, self.profiles.get(host))
         except _fleet_report.ReportError as exc:

@@ -261,12 +261,13 @@ def build_steps(spec, known):
 
 
 def build(spec):
-    seconds, started = {}, [time.monotonic()]
+    seconds, started = {}, time.monotonic()
 
     def lap(step):
+        nonlocal started
         now = time.monotonic()
-        seconds[step] = round(now - started[0], 3)
-        started[0] = now
+        seconds[step] = round(now - started, 3)
+        started = now
 
     recorded = recorded_hashes(spec["wheelhouse"]) if os.path.isdir(spec["wheelhouse"]) else {}
     known = dict(recorded)
