@@ -6,8 +6,9 @@
     python bench/fleet_scale.py pad                                                  only the padded wheels
 
 Realistic sizes at 1/10 scale (the lab's sized set, lab.wheels.sized_index): the lab wheels the lab profile installs
-get an incompressible payload so that lab-torch is 53 MB (torch cu130 ~531 MB), lab-flashinfer-jit-cache 190 MB
-(~1.9 GB), lab-sgl-kernel 51 MB (~510 MB), lab-flashinfer-cubin 40 MB; the other wheels are the lab's own. They
+get the real wheels' shapes at 1/10 (lab.wheel_shapes: file counts and bytes by extension), so that lab-torch is
+53 MB (torch cu130 ~531 MB), lab-flashinfer-jit-cache 190 MB (~1.9 GB), lab-sgl-kernel 54 MB (~536 MB),
+lab-flashinfer-cubin 25 MB (~246 MB); the other wheels are the lab's own. They
 are written once under .lab/mirrors/lab-main-1in10/ and served by the lab's index server on a
 private port; lab-stale and the redist tree are the lab's own trees, also served on private ports, so that the
 three access logs count only this benchmark's upstream traffic.
@@ -47,7 +48,8 @@ os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 from lab import nodes  # noqa: E402
 from lab.common import MIRRORS, mirror_ports  # noqa: E402
 from lab.mirrors import PrivateServer  # noqa: E402
-from lab.wheels import MB, sized_index  # noqa: E402
+from lab.wheel_shapes import MB  # noqa: E402
+from lab.wheels import sized_index  # noqa: E402
 
 BENCH_DIR = REPO / ".lab" / "bench"
 LOG_DIR = Path("/tmp/fleet_scale")

@@ -1,22 +1,26 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Benchmark: rebuild the lab serving venv of one lock three ways, cold and warm cache, in one run.
+"""Benchmark: rebuild the lab serving venv of one lock several ways, cold and warm cache, in one run.
 
 1. role    - gpufleet.upgrade.venv_rebuild (inspect + one build call: uv from the tools venv, hashes required,
              verification inside the new venv, the mark), a whole ansible-playbook run; it plans (probes the indexes,
              resolves with uv) as a standalone run does
    role-lock - the same given the planned lock (-e gpufleet_wheel_lock), as an upgrade's later batches and an
              operator applying a reviewed lock run it: the install path that the pip and uv rows also get a lock for
-2. pip     - the same lock through ansible.builtin.pip (python -m venv + pip, hashes required)
-3. uv      - raw `uv venv && uv pip sync` of the same lock on the node (the role's flags: hashes required, no index,
-             copies), no Ansible
+2. pip     - the same lock through ansible.builtin.pip (python -m venv + pip, hashes required; pip compiles bytecode)
+3. uv      - raw `uv venv && uv pip sync` of the same lock on the node with the role's flags (hashes required, no
+             index, its own cache on the venvs' file system with hardlinks, removed after; bytecode compiled), no
+             Ansible
+   uv-shared - raw uv with uv's shared cache (/root/.cache/uv) and copies, no bytecode: what the role ran before
 
-At realistic sizes by default (--scale 10: lab-main with the real cu130 set's big wheels at 1/10 of their size,
-lab.wheels.sized_index, served on a private loopback port); --scale 0 uses the small lab set. A warm-up run of the
-role fills the node's wheelhouse from the fleet cache, so every timed run installs from the node's wheelhouse (no
-network): the figures compare the install paths. "cold" empties the tool's cache on the node first (uv:
-/root/.cache/uv, pip: /root/.cache/pip); "warm" keeps it. Prints one table, the ratios the issue asks for (role >= 5x
-faster than pip; role within 1.3x of raw uv plus a fixed overhead) and the role's fixed overhead (role wall - uv).
+At realistic sizes by default (--scale 10: lab-main with the real cu130 set's big wheels at 1/10 of their shape:
+file counts, .py modules and bytes, lab.wheels.sized_index, served on a private loopback port); --scale 1 is the
+real set's shape; --scale 0 uses the small lab set. A warm-up run of the role fills the node's wheelhouse from the
+fleet cache, so every timed run installs from the node's wheelhouse (no network): the figures compare the install
+paths. Before each timed run every method's venv is removed and the node's file system synced (no run pays for the
+writeback of the one before); "cold" also empties the tools' caches on the node (uv: /root/.cache/uv, pip:
+/root/.cache/pip); "warm" keeps them. Prints one table, the ratios the issue asks for (role >= 5x faster than pip;
+role within 1.3x of raw uv plus a fixed overhead) and the role's fixed overhead (role wall - uv).
 
     CONTAINERS_CONF=lab/containers.conf .venv/bin/python bench/venv_rebuild.py [--scale 10] [--repeats 3]
 
@@ -53,11 +57,22 @@ WHEELHOUSE = "/opt/gpufleet/wheelhouse"
 PY = "/usr/bin/python3.11"
 UV = "/opt/gpufleet/tools/bin/uv"
 PIP_MODULE_PY = "/opt/gpufleet/bench-ansible-py"
+UV_BENCH_CACHE = f"{SERVING}/.uv-bench-cache"
+# What the role's build runs (venv_host.py sync_venv): its own cache on the venvs' file system, hardlinks, bytecode.
+UV_ROLE_FLAGS = f"--link-mode hardlink --cache-dir {UV_BENCH_CACHE} --compile-bytecode"
 BUILD_TASKS = ("Pull the locked wheels, build the new venv and verify it",)
 
 
 def sh(node: str, cmd: str) -> str:
     return nodes.node_exec(node, cmd, check=True).stdout
+
+
+def fresh(node: str, venv: str, cache: str) -> None:
+    """Before each timed run: no venv of any method (disk stays bounded at real sizes), no tool cache when cold,
+    and no dirty pages left by the previous run's writes (sync), so that no method pays for another's writeback."""
+    gone = [venv, f"{SERVING}/bench-pip", f"{SERVING}/bench-uv"]
+    gone += ["/root/.cache/uv", "/root/.cache/pip"] if cache == "cold" else []
+    sh(node, f"rm -rf {' '.join(gone)} && sync")
 
 
 def task_seconds(res, names) -> float:
@@ -90,6 +105,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scale", type=int, default=10, help="realistic sizes at 1/scale (0: the small lab set)")
     ap.add_argument("--keep", action="store_true", help="leave the node up")
+    ap.add_argument(
+        "--caches", type=lambda v: v.split(","), default=["cold", "warm"], help="cold,warm (default) or one of them"
+    )
     args = ap.parse_args()
 
     ports = mirror_ports()
@@ -133,11 +151,11 @@ def main() -> int:
             rows.setdefault((method, cache), []).append((seconds, build))
 
         for _ in range(args.repeats):
-            for cache in ("cold", "warm"):
+            for cache in args.caches:
                 # role: as a standalone run plans (probes the indexes); role-lock: given the planned lock, as the
                 # later batches of an upgrade are and as an operator applies a reviewed lock (-e gpufleet_wheel_lock)
                 for method, extra in (("role", {}), ("role-lock", {"gpufleet_wheel_lock": lock})):
-                    sh(node, f"rm -rf {venv}" + (" /root/.cache/uv" if cache == "cold" else ""))
+                    fresh(node, venv, cache)
                     t0 = time.monotonic()
                     res = run_playbook(ROLE_PLAYBOOK, inventory, {**base, **extra})
                     wall = time.monotonic() - t0
@@ -148,7 +166,7 @@ def main() -> int:
                     for step, secs in build_steps(res).items():
                         role_steps.setdefault((method, cache, step), []).append(secs)
                 # ansible.builtin.pip
-                sh(node, f"rm -rf {SERVING}/bench-pip" + (" /root/.cache/pip" if cache == "cold" else ""))
+                fresh(node, venv, cache)
                 t0 = time.monotonic()
                 res = run_playbook(
                     PIP_PLAYBOOK,
@@ -162,18 +180,22 @@ def main() -> int:
                 wall = time.monotonic() - t0
                 assert res.rc == 0, res
                 record("pip", cache, wall, task_seconds(res, ("Install the lock with ansible.builtin.pip",)))
-                # raw uv, timed inside the node
-                sh(node, f"rm -rf {SERVING}/bench-uv" + (" /root/.cache/uv" if cache == "cold" else ""))
-                secs = sh(
-                    node,
-                    "s=$(date +%s.%N); "
-                    f"{UV} venv -q --no-config --python {PY} {SERVING}/bench-uv && "
-                    f"{UV} pip sync -q --no-config --require-hashes --no-index --link-mode copy "
-                    f"--find-links {WHEELHOUSE} "
-                    f"--python {SERVING}/bench-uv/bin/python {lock_file} && "
-                    'e=$(date +%s.%N); python3 -c "print($e - $s)"',
-                ).strip()
-                record("uv", cache, float(secs), float(secs))
+                # raw uv, timed inside the node: the role's flags, and uv's shared cache with copies
+                for method, flags, after in (
+                    ("uv", UV_ROLE_FLAGS, f" && rm -rf {UV_BENCH_CACHE}"),
+                    ("uv-shared", "--link-mode copy", ""),
+                ):
+                    fresh(node, venv, cache)
+                    secs = sh(
+                        node,
+                        "s=$(date +%s.%N); "
+                        f"{UV} venv -q --no-config --python {PY} {SERVING}/bench-uv && "
+                        f"{UV} pip sync -q --no-config --require-hashes --no-index {flags} "
+                        f"--find-links {WHEELHOUSE} "
+                        f"--python {SERVING}/bench-uv/bin/python {lock_file}{after} && "
+                        'e=$(date +%s.%N); python3 -c "print($e - $s)"',
+                    ).strip()
+                    record(method, cache, float(secs), float(secs))
 
         med = {k: statistics.median(s for s, _ in v) for k, v in rows.items()}
         med_build = {k: statistics.median(b for _, b in v) for k, v in rows.items()}
@@ -181,7 +203,7 @@ def main() -> int:
         print(f"{'method':9} {'cache':5} {'wall s (median)':>16} {'install step s':>15}")
         for (method, cache), value in sorted(med.items()):
             print(f"{method:9} {cache:5} {value:16.2f} {med_build[(method, cache)]:15.2f}")
-        for cache in ("cold", "warm"):
+        for cache in args.caches:
             for method in ("role", "role-lock"):
                 print(
                     f"{cache}: pip/{method} wall {med[('pip', cache)] / med[(method, cache)]:.2f}x, "
@@ -190,13 +212,13 @@ def main() -> int:
                     f"{method}/uv install step {med_build[(method, cache)] / med[('uv', cache)]:.2f}x, "
                     f"{method} fixed overhead (wall - uv) {med[(method, cache)] - med[('uv', cache)]:.2f} s"
                 )
-        runs = 2 * args.repeats
+        runs = len(args.caches) * args.repeats
         for method in ("role", "role-lock"):
             top = sorted(((n, v) for (m, n), v in role_tasks.items() if m == method), key=lambda kv: -sum(kv[1]))
             print(f"where {method}'s wall goes (mean s per run over {runs} runs, top 8 tasks):")
             for name, secs in top[:8]:
                 print(f"  {sum(secs) / runs:6.2f}  {name}")
-            for cache in ("cold", "warm"):
+            for cache in args.caches:
                 steps = [(step, v) for (m, c, step), v in role_steps.items() if (m, c) == (method, cache)]
                 shown = ", ".join(f"{step} {statistics.median(v):.2f}" for step, v in steps)
                 print(f"  {method} build step's host steps, {cache} (median s): {shown}")

@@ -8,30 +8,28 @@ fresh pyproject.toml (name, version, dependencies from the catalog; ``[project.s
 tree's own pyproject.toml) and runs ``uv build --wheel`` with uv's own build backend, offline.
 
 Realistic sizes (``sized_index``, ``python -m lab.wheels sized --scale 10``): a copy of lab-main whose stand-ins
-for the real set's big wheels carry an incompressible payload of 1/scale of the real wheel's size, so that a
-benchmark measures transfer and install, not task overhead. The default lab stays small for the tests.
+for the real set's big wheels carry the real wheel's shape at 1/scale (file counts, ``.py`` modules, bytes and
+compressed bytes by extension: ``lab.wheel_shapes``), so that a benchmark measures transfer, unpacking and
+bytecode compilation, not task overhead. The default lab stays small for the tests.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import csv
 import fcntl
 import hashlib
-import io
 import json
 import os
 import shutil
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import tomllib
 import yaml
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from lab import wheel_shapes
 from lab.common import CACHE, LAB_SRC, MIRRORS, hash_paths, log, replace_dir, run, write_atomic
 from lab.fetch import fetch
 
@@ -39,19 +37,7 @@ WHEELS_SRC = LAB_SRC / "wheels"
 CATALOG = WHEELS_SRC / "catalog.yml"
 INDEXES = ("lab-main", "lab-stale")
 DAY = 86400
-MB = 1_000_000
-# The real cu130 serving set's big wheels (docs: stack facts, "Real sizes"), by the lab build that stands in for
-# each: torch 2.11.0+cu130 cp312 x86_64, flashinfer-jit-cache cu130 x86_64, sgl-kernel 0.3.21+cu130. The cubin
-# figure is the 400 MB wheel the fleet benchmark has assumed since its first figures (its 4.4 GiB are installed
-# bytes). The other lab wheels are small in the real set too and stay as built.
-REAL_SIZES = {
-    ("lab-torch", "2.11.0+cu130"): 531 * MB,
-    ("lab-flashinfer-jit-cache", "0.6.4+cu130"): 1900 * MB,
-    ("lab-sgl-kernel", "0.3.21+cu130"): 510 * MB,
-    ("lab-flashinfer-cubin", "0.6.4"): 400 * MB,
-}
-SIZED_REVISION = "1"
-PAYLOAD = "_lab_payload.bin"
+SIZED_REVISION = "2"
 
 
 def controller_uv_version() -> str:
@@ -206,77 +192,37 @@ def build(dest_root: Path = MIRRORS, force: bool = False) -> dict:
 # ---- realistic sizes ---------------------------------------------------------------------------------------
 
 
-def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
 def wheel_key(wheel: Path | str) -> tuple[str, str]:
     """(canonical project name, version) of a wheel file name."""
     name, version, _, _ = parse_wheel_filename(Path(wheel).name)
     return (str(canonicalize_name(name)), str(version))
 
 
-def payload_sizes(scale: int) -> dict[tuple[str, str], int]:
-    """Payload bytes per (project, version) at 1/scale of the real sizes."""
-    if scale < 1:
-        raise ValueError(f"scale {scale}: give 1 (real sizes) or more (1/scale of them)")
-    return {key: size // scale for key, size in REAL_SIZES.items()}
-
-
-def pad_wheel(src: Path, dest: Path, size: int) -> None:
-    """Copy ``src`` with an incompressible payload of ``size`` bytes in its package and a RECORD that lists it.
-
-    The payload is shake_256 of the wheel's name (deterministic, so the same scale gives the same sha256 on
-    every machine), stored uncompressed: the wheel's size on disk and on the wire is its payload's size."""
-    with zipfile.ZipFile(src) as zin:
-        infos = zin.infolist()
-        record_name = next(i.filename for i in infos if i.filename.endswith(".dist-info/RECORD"))
-        package = next(i.filename.split("/")[0] for i in infos if ".dist-info/" not in i.filename)
-        payload_name = f"{package}/{PAYLOAD}"
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        with zipfile.ZipFile(tmp, "w", allowZip64=True) as zout:
-            for info in infos:
-                if info.filename != record_name:
-                    zout.writestr(info, zin.read(info), compress_type=info.compress_type)
-            digest = hashlib.sha256()
-            pinfo = zipfile.ZipInfo(payload_name, date_time=(1980, 1, 1, 0, 0, 0))
-            pinfo.compress_type = zipfile.ZIP_STORED
-            pinfo.external_attr = 0o644 << 16
-            with zout.open(pinfo, "w", force_zip64=True) as out:
-                for i, left in enumerate(range(size, 0, -(1 << 20))):
-                    chunk = hashlib.shake_256(f"{src.name}:{i}".encode()).digest(min(left, 1 << 20))
-                    digest.update(chunk)
-                    out.write(chunk)
-            rows = list(csv.reader(io.StringIO(zin.read(record_name).decode())))
-            rows = [r for r in rows if r and r[0] != record_name]
-            rows += [[payload_name, f"sha256={_b64(digest.digest())}", str(size)], [record_name, "", ""]]
-            buf = io.StringIO()
-            csv.writer(buf, lineterminator="\n").writerows(rows)
-            rinfo = zin.getinfo(record_name)
-            zout.writestr(rinfo, buf.getvalue(), compress_type=rinfo.compress_type)
-    os.replace(tmp, dest)
-
-
-def sized_recipe(wheels: list[Path], sizes: dict[tuple[str, str], int]) -> str:
-    recipe = hashlib.sha256(SIZED_REVISION.encode() + json.dumps(sorted(sizes.items()), default=str).encode())
+def sized_recipe(wheels: list[Path], scale: int) -> str:
+    """What a sized index is built from: lab-main's files, the recorded shapes and the code that pads to them."""
+    recipe = hashlib.sha256(f"{SIZED_REVISION}:{scale}".encode())
+    recipe.update(wheel_shapes.SHAPES.read_bytes() + Path(wheel_shapes.__file__).read_bytes())
     for w in wheels:
-        recipe.update(f"{w.name}:{w.stat().st_size}:{sizes.get(wheel_key(w), 0)}".encode())
+        recipe.update(f"{w.name}:{w.stat().st_size}".encode())
     return recipe.hexdigest()[:12]
 
 
 def sized_index(scale: int = 10, dest_root: Path = MIRRORS) -> dict:
-    """lab-main with the real set's big wheels at 1/scale of their size, under ``<dest_root>/lab-main-1in<scale>``.
+    """lab-main with the real set's big wheels at 1/scale of their shape, under ``<dest_root>/lab-main-1in<scale>``:
+    each stand-in of lab.wheel_shapes.STAND_INS gets the real wheel's file counts and bytes by extension (scaled).
 
     Rebuilt only when lab-main or the sizes changed (a stamp holds the recipe); the other wheels are copied as
     they are; every file keeps lab-main's mtime (the index's upload-time and Last-Modified). Serve the folder
     with ``python -m lab.serve --kind pypi --root <root> --pep691`` on a port of your own: the shared lab-main
-    stays small for the tests. Returns root, reused, seconds, padded (file name: bytes), scale."""
+    stays small for the tests. Returns root, reused, seconds, padded (file name: bytes), scale, bytes (of all)."""
     src = dest_root / "lab-main"
     wheels = sorted(src.glob("*.whl"))
     if not wheels:
         raise RuntimeError(f"no wheels in {src}: run `python -m lab mirrors build` first")
-    sizes = payload_sizes(scale)
-    recipe = sized_recipe(wheels, sizes)
+    if scale < 1:
+        raise ValueError(f"scale {scale}: give 1 (real sizes) or more (1/scale of them)")
+    shapes = wheel_shapes.load_shapes()
+    recipe = sized_recipe(wheels, scale)
     root = dest_root / f"lab-main-1in{scale}"
     stamp = dest_root / f"lab-main-1in{scale}.recipe"
     t0 = time.monotonic()
@@ -290,9 +236,9 @@ def sized_index(scale: int = 10, dest_root: Path = MIRRORS) -> dict:
             work.mkdir(parents=True)
             try:
                 for w in wheels:
-                    size = sizes.get(wheel_key(w))
-                    if size:
-                        pad_wheel(w, work / w.name, size)
+                    real = wheel_shapes.STAND_INS.get(wheel_key(w))
+                    if real:
+                        wheel_shapes.pad_wheel(w, work / w.name, shapes[real], scale)
                     else:
                         shutil.copyfile(w, work / w.name)
                     st = w.stat()
@@ -302,7 +248,7 @@ def sized_index(scale: int = 10, dest_root: Path = MIRRORS) -> dict:
                 shutil.rmtree(work, ignore_errors=True)
             write_atomic(stamp, recipe + "\n")
     files = {w.name: (root / w.name).stat().st_size for w in wheels}
-    padded = {name: size for name, size in files.items() if sizes.get(wheel_key(name))}
+    padded = {name: size for name, size in files.items() if wheel_key(name) in wheel_shapes.STAND_INS}
     return {
         "root": root,
         "scale": scale,
@@ -316,7 +262,7 @@ def sized_index(scale: int = 10, dest_root: Path = MIRRORS) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.wheels", description="lab wheelhouses")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("sized", help="lab-main at realistic sizes (1/scale of the real set's big wheels)")
+    p = sub.add_parser("sized", help="lab-main at realistic sizes (the real set's big wheels' shapes at 1/scale)")
     p.add_argument("--scale", type=int, default=10, help="1 = real sizes; 10 (default) = a tenth of them")
     args = ap.parse_args(argv)
     out = sized_index(args.scale)

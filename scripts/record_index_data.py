@@ -11,6 +11,10 @@ kept. For each ``--metadata`` requirement: the METADATA of that version's wheels
 range reads (``_index.Fetcher.metadata``), its headers only (the description body is a README), saved as
 ``metadata/<filename>.metadata``. ``RECORDED.json`` says
 when and how much was recorded. Test servers on loopback serve these files; nothing in the tests goes online.
+
+``--shapes`` records instead the shapes of the real set's big wheels (``lab.wheel_shapes.shape_of``: file counts and
+bytes by extension, from each wheel's central directory read with range requests) to ``lab/wheels/shapes.json``,
+which the lab's sized wheels copy.
 """
 
 from __future__ import annotations
@@ -19,19 +23,29 @@ import argparse
 import datetime as _dt
 import json
 import sys
+import urllib.parse
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / ".venv" / "collections"))
+sys.path.insert(0, str(REPO))
 
 from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
 
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _index, _wheels  # noqa: E402
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._profile import default_index_url  # noqa: E402
+from lab import wheel_shapes  # noqa: E402
 
 PROJECTS = ("flashinfer-python", "flashinfer-cubin", "sgl-kernel", "sglang", "torch")
 METADATA = ("sglang==0.5.9", "flashinfer-python==0.6.4", "flashinfer-python==0.6.3", "flashinfer-cubin==0.6.4")
+# The real wheels the lab's sized stand-ins copy (lab.wheel_shapes.STAND_INS), by project.
+SHAPES = {
+    "torch": "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+    "sgl-kernel": "sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl",
+    "flashinfer-cubin": "flashinfer_cubin-0.6.4-py3-none-any.whl",
+}
 KEEP = ("filename", "hashes", "requires-python", "yanked", "upload-time", "size")
 
 
@@ -61,12 +75,40 @@ def fetch_page(fetcher: _index.Fetcher, base: str, project: str) -> dict:
         return json.loads(resp.read())
 
 
+def record_shapes(fetcher: _index.Fetcher, base: str, out: Path) -> dict:
+    """Each SHAPES wheel's shape, from its central directory (HTTP range requests), written to ``out``."""
+    wheels = {}
+    for project, filename in SHAPES.items():
+        page = fetch_page(fetcher, base, project)
+        entry = next((f for f in page.get("files", []) if f["filename"] == filename), None)
+        if entry is None:
+            raise SystemExit(f"{filename} is not listed by the default index's page of {project}")
+        url = urllib.parse.urljoin(f"{base.rstrip('/')}/{project}/", entry["url"])
+        with zipfile.ZipFile(_index._RangeFile(fetcher, url)) as zf:
+            wheels[project] = wheel_shapes.shape_of(zf.infolist(), filename, int(entry["size"]))
+    doc = {
+        "recorded_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "source": "central directories of the default index's wheels, read with HTTP range requests"
+        " (scripts/record_index_data.py --shapes)",
+        "requests": fetcher.requests,
+        "bytes_in": fetcher.bytes_in,
+        "wheels": wheels,
+    }
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return doc
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "tests" / "data" / "index"))
     parser.add_argument("--project", action="append", dest="projects", help="project to record (repeatable)")
     parser.add_argument("--metadata", action="append", help="NAME==VERSION whose wheels' METADATA to record")
+    parser.add_argument("--shapes", action="store_true", help=f"record the big wheels' shapes to {wheel_shapes.SHAPES}")
     args = parser.parse_args(argv)
+    if args.shapes:
+        doc = record_shapes(_index.Fetcher(timeout=60), default_index_url(), wheel_shapes.SHAPES)
+        print(json.dumps({k: doc[k] for k in ("recorded_at", "requests", "bytes_in")}, indent=1))
+        return 0
     out = Path(args.out)
     (out / "metadata").mkdir(parents=True, exist_ok=True)
     base = default_index_url()

@@ -13,14 +13,16 @@ kernel's 128 KiB limit on one argument (MAX_ARG_STRLEN), and stdin has none.
 build SPEC: {"check": bool, "venv", "current", "python", "tools_root", "wheelhouse", "serving_root",
              "lock_file", "lock_text", "tools_file", "tools_text", "uv_version" (the lock's),
              "wheels": [{"filename", "sha256"}], "pull_base" ("" = the wheels were pushed), "timeout",
-             "no_cache": bool, "verify": {verify_venv.py's SPEC}, "verifier" (verify_venv.py's source), "mark"}
+             "compile_bytecode": bool, "verify": {verify_venv.py's SPEC}, "verifier" (verify_venv.py's source),
+             "mark"}
 The steps: fetch the wheels the host lacks from the fleet cache (each checked against the lock's sha256 while it
 streams; a wrong file is refused and never installed), write the lock's requirements, install the locked uv in
 the tools venv when it differs, remove an unverified venv of this lock (a failed build's leftovers), create the
-venv with the host's Python and ``uv pip sync --require-hashes --no-index --link-mode copy``, run the verifier
-inside the new venv, and mark the venv verified. With "check", it reports the steps it would run and changes
-nothing. The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error", "verify", "seconds"}; "seconds"
-gives the wall time of each step run (the fetch, the sync, the verifier ...), which the summary and bench/ read.
+venv with the host's Python and ``uv pip sync --require-hashes --no-index`` through the build's own cache
+(``sync_venv``), run the verifier inside the new venv, and mark the venv verified. With "check", it reports the
+steps it would run and changes nothing. The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error",
+"verify", "seconds"}; "seconds" gives the wall time of each step run (the fetch, the sync, the verifier ...), which
+the summary and bench/ read.
 """
 
 from __future__ import annotations
@@ -307,12 +309,7 @@ def build(spec):
             shutil.rmtree(spec["venv"])
         command("venv", [uv, "venv", "--no-config", "--python", spec["python"], spec["venv"]])
         lap("venv")
-        # Copies, never hardlinks into uv's cache: an edit to one venv's file must not reach the cache and every
-        # venv built from it (uv hardlinks by default on Linux). A repair ignores the cache: it may hold the
-        # damaged files.
-        sync = [uv, "pip", "sync", "--no-config", "--require-hashes", "--no-index", "--link-mode", "copy"]
-        sync += ["--find-links", spec["wheelhouse"], "--python", os.path.join(spec["venv"], "bin", "python")]
-        command("sync", sync + (["--no-cache"] if spec.get("no_cache") else []) + [spec["lock_file"]])
+        sync_venv(spec, uv)
         lap("sync")
         answer["verify"] = verify(spec, uv)
         lap("verify")
@@ -325,6 +322,30 @@ def build(spec):
     except OSError as exc:
         answer.update(ok=False, failed_step="build", error=f"{type(exc).__name__}: {exc}")
     return answer
+
+
+def build_cache(spec):
+    """The build's own uv cache: under the serving root, on the venvs' file system (hardlinks need it), not among the
+    venvs; new for every build and removed after it (the host lock keeps builds on one host one at a time)."""
+    return os.path.join(spec["serving_root"], ".uv-build-cache")
+
+
+def sync_venv(spec, uv):
+    """Install exactly the lock into the new venv: uv unpacks each wheel once into the build's own cache and
+    hardlinks the files into the venv, then the cache is removed, so each venv file has one link and no cache or
+    other venv shares it (an edit to one venv reaches nothing else; a repair never reuses a damaged file), and no
+    unpacked copy of the stack stays on the host's disk. Bytecode is compiled here, while the host still serves,
+    not by the serving start after the switch."""
+    cache = build_cache(spec)
+    shutil.rmtree(cache, ignore_errors=True)  # a killed build's leftovers
+    sync = [uv, "pip", "sync", "--no-config", "--require-hashes", "--no-index", "--link-mode", "hardlink"]
+    sync += ["--cache-dir", cache, "--find-links", spec["wheelhouse"]]
+    sync += ["--python", os.path.join(spec["venv"], "bin", "python")]
+    sync += ["--compile-bytecode"] if spec.get("compile_bytecode") else []
+    try:
+        command("sync", [*sync, spec["lock_file"]])
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def verify(spec, uv):

@@ -33,10 +33,12 @@ _spec.loader.exec_module(vh)
 
 
 def make_wheel(folder: Path, name: str = "gf_probe", version: str = "1.0") -> Path:
-    """A pure-Python wheel of one module, its RECORD with real hashes."""
+    """A pure-Python wheel of one package (``__init__`` and ``cold``, which nothing imports), its RECORD with real
+    hashes."""
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{name}/cold.py": b"def unused():\n    return None\n",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -105,7 +107,7 @@ def spec_for(host, wheel: Path, pull_base: str, digest: str | None = None, check
         "wheels": [entry],
         "pull_base": pull_base,
         "timeout": 30,
-        "no_cache": True,
+        "compile_bytecode": True,
         "mark": "lockhash",
         "verifier": (FILES / "verify_venv.py").read_text(),
         "verify": {"packages": {"gf-probe": "1.0"}, "imports": ["gf-probe"]},
@@ -129,6 +131,12 @@ def test_build_pulls_checks_installs_verifies_and_marks(host, cache):
     assert out.stdout.strip() == "1.0", out
     # The pulled wheel's hash is recorded with its size and mtime: the next inspection trusts it without reading it.
     assert vh.recorded_hashes(str(host["wheelhouse"])) == {wheel.name: sha(wheel)}
+    # The build's own cache is gone: each installed file has its one link, shared with no cache and no other venv,
+    # and the modules were compiled at build time (the serving start after the switch finds their bytecode).
+    assert not (host["serving"] / ".uv-build-cache").exists()
+    module = next(venv.glob("lib/python*/site-packages/gf_probe/cold.py"))
+    assert module.stat().st_nlink == 1
+    assert list((module.parent / "__pycache__").glob("cold.*.pyc"))  # no import made it: the build compiled it
 
 
 def test_wrong_file_in_the_cache_is_refused_and_nothing_is_installed(host, cache):
