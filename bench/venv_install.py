@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -38,12 +37,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lab.common import venv_host_module  # noqa: E402
 from lab.wheel_shapes import STAND_INS  # noqa: E402
 from lab.wheels import sized_index, wheel_key  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("venv_host", REPO / "roles" / "venv_rebuild" / "files" / "venv_host.py")
-venv_host = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(venv_host)
+venv_host = venv_host_module()
 
 
 def run(argv: list[str], **kw) -> None:
@@ -68,7 +66,9 @@ def main(argv=None) -> int:
     lines = []
     for w in wheels:
         name, version = wheel_key(w)
-        lines.append(f"{name}=={version} --hash=sha256:{hashlib.sha256(w.read_bytes()).hexdigest()}")
+        with w.open("rb") as handle:  # streamed: a real-size wheel is up to 1.9 GB
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        lines.append(f"{name}=={version} --hash=sha256:{digest}")
     lock.write_text("\n".join(lines) + "\n")
     venv = work / "venv"
     env = {**os.environ, "UV_CACHE_DIR": str(work / "uv-shared-cache"), "PIP_NO_CACHE_DIR": "1"}

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -46,7 +47,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
 from lab import mirrors, nodes  # noqa: E402
-from lab.common import mirror_ports, mirror_urls  # noqa: E402
+from lab.common import mirror_ports, mirror_urls, venv_host_module  # noqa: E402
 from lab.harness import run_playbook  # noqa: E402
 from lab.wheels import sized_index  # noqa: E402
 
@@ -58,8 +59,7 @@ PY = "/usr/bin/python3.11"
 UV = "/opt/gpufleet/tools/bin/uv"
 PIP_MODULE_PY = "/opt/gpufleet/bench-ansible-py"
 UV_BENCH_CACHE = f"{SERVING}/.uv-bench-cache"
-# What the role's build runs (venv_host.py sync_venv): its own cache on the venvs' file system, hardlinks, bytecode.
-UV_ROLE_FLAGS = f"--link-mode hardlink --cache-dir {UV_BENCH_CACHE} --compile-bytecode"
+venv_host = venv_host_module()
 BUILD_TASKS = ("Pull the locked wheels, build the new venv and verify it",)
 
 
@@ -180,19 +180,23 @@ def main() -> int:
                 wall = time.monotonic() - t0
                 assert res.rc == 0, res
                 record("pip", cache, wall, task_seconds(res, ("Install the lock with ansible.builtin.pip",)))
-                # raw uv, timed inside the node: the role's flags, and uv's shared cache with copies
-                for method, flags, after in (
-                    ("uv", UV_ROLE_FLAGS, f" && rm -rf {UV_BENCH_CACHE}"),
-                    ("uv-shared", "--link-mode copy", ""),
+                # raw uv, timed inside the node: the role's own command (venv_host.sync_argv), and uv's shared cache
+                # with copies (what the role ran before it had a cache of its own)
+                uv_spec = {"venv": f"{SERVING}/bench-uv", "wheelhouse": WHEELHOUSE, "lock_file": lock_file}
+                role_sync = venv_host.sync_argv({**uv_spec, "compile_bytecode": True}, UV, UV_BENCH_CACHE)
+                shared_sync = (
+                    f"{UV} pip sync --no-config --require-hashes --no-index --link-mode copy --find-links {WHEELHOUSE}"
+                    f" --python {SERVING}/bench-uv/bin/python {lock_file}"
+                )
+                for method, sync in (
+                    ("uv", f"{shlex.join(role_sync)} && rm -rf {UV_BENCH_CACHE}"),
+                    ("uv-shared", shared_sync),
                 ):
                     fresh(node, venv, cache)
                     secs = sh(
                         node,
                         "s=$(date +%s.%N); "
-                        f"{UV} venv -q --no-config --python {PY} {SERVING}/bench-uv && "
-                        f"{UV} pip sync -q --no-config --require-hashes --no-index {flags} "
-                        f"--find-links {WHEELHOUSE} "
-                        f"--python {SERVING}/bench-uv/bin/python {lock_file}{after} && "
+                        f"{UV} venv -q --no-config --python {PY} {SERVING}/bench-uv && {sync} >/dev/null && "
                         'e=$(date +%s.%N); python3 -c "print($e - $s)"',
                     ).strip()
                     record(method, cache, float(secs), float(secs))

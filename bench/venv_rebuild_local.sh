@@ -59,18 +59,6 @@ cat >"$WORK/vars.json" <<EOF
  "gpufleet_fleet_cache_bind": "127.0.0.1", "gpufleet_fleet_cache_host": "127.0.0.1", "gpufleet_gpu_required": false,
  "venv_rebuild_switch": false, "venv_rebuild_keep": 5, "ansible_python_interpreter": "$PY"}
 EOF
-cat >"$WORK/pip.yml" <<EOF
-- name: Install the wheel lock with ansible.builtin.pip
-  hosts: all
-  gather_facts: false
-  tasks:
-    - name: Install the lock with ansible.builtin.pip
-      ansible.builtin.pip:
-        requirements: "{{ bench_lock_file }}"
-        virtualenv: /opt/gpufleet/serving/bench-pip
-        virtualenv_command: /usr/bin/python$PYV -m venv
-        extra_args: --no-index --find-links /opt/gpufleet/wheelhouse --require-hashes --disable-pip-version-check
-EOF
 export ANSIBLE_CONFIG="$WORK/ansible.cfg"
 sleep 2
 play() { "$CTL/ansible-playbook" -i localhost, -c local -e "@$WORK/vars.json" "$@" >"$WORK/last.log" 2>&1 || {
@@ -99,7 +87,8 @@ timed() {
 }
 for _ in $(seq "$REPEATS"); do
   echo "role-lock $(timed tests/integration/playbooks/venv_rebuild.yml -e "@$WORK/lock-vars.json")"
-  echo "pip $(timed "$WORK/pip.yml" -e bench_lock_file="/opt/gpufleet/serving/locks/$NAME.txt")"
+  echo "pip $(timed tests/integration/playbooks/venv_bench_pip.yml -e bench_lock_file="/opt/gpufleet/serving/locks/$NAME.txt" \
+    -e bench_venv=/opt/gpufleet/serving/bench-pip -e bench_python="/usr/bin/python$PYV")"
 done | tee "$WORK/times.txt"
 $PY - "$WORK/times.txt" "$SCALE" <<'EOF'
 import statistics, sys

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import socket
@@ -141,3 +142,13 @@ def require_root_tools() -> None:
     log(f"installing {missing} with apt-get")
     run(["apt-get", "update"])
     run(["apt-get", "install", "-y", "podman", "runc", "debootstrap"])
+
+
+def venv_host_module():
+    """roles/venv_rebuild/files/venv_host.py as a module: the role's host code, for benchmarks that time it."""
+    spec = importlib.util.spec_from_file_location(
+        "venv_host", REPO / "roles" / "venv_rebuild" / "files" / "venv_host.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -221,7 +221,6 @@ def sized_index(scale: int = 10, dest_root: Path = MIRRORS) -> dict:
         raise RuntimeError(f"no wheels in {src}: run `python -m lab mirrors build` first")
     if scale < 1:
         raise ValueError(f"scale {scale}: give 1 (real sizes) or more (1/scale of them)")
-    shapes = wheel_shapes.load_shapes()
     recipe = sized_recipe(wheels, scale)
     root = dest_root / f"lab-main-1in{scale}"
     stamp = dest_root / f"lab-main-1in{scale}.recipe"
@@ -235,6 +234,7 @@ def sized_index(scale: int = 10, dest_root: Path = MIRRORS) -> dict:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             try:
+                shapes = wheel_shapes.load_shapes()
                 for w in wheels:
                     real = wheel_shapes.STAND_INS.get(wheel_key(w))
                     if real:

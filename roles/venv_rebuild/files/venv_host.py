@@ -338,14 +338,19 @@ def sync_venv(spec, uv):
     not by the serving start after the switch."""
     cache = build_cache(spec)
     shutil.rmtree(cache, ignore_errors=True)  # a killed build's leftovers
+    try:
+        command("sync", sync_argv(spec, uv, cache))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def sync_argv(spec, uv, cache):
+    """The uv command of sync_venv (bench/venv_rebuild.py times the same command without Ansible)."""
     sync = [uv, "pip", "sync", "--no-config", "--require-hashes", "--no-index", "--link-mode", "hardlink"]
     sync += ["--cache-dir", cache, "--find-links", spec["wheelhouse"]]
     sync += ["--python", os.path.join(spec["venv"], "bin", "python")]
     sync += ["--compile-bytecode"] if spec.get("compile_bytecode") else []
-    try:
-        command("sync", [*sync, spec["lock_file"]])
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    return [*sync, spec["lock_file"]]
 
 
 def verify(spec, uv):
