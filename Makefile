@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup demo lab-up lab-down mirrors test lint sanity unit molecule integration integration-long build clean
+.PHONY: help setup demo lab-up lab-down mirrors test lint sanity unit molecule integration integration-long fault-injection-doc build clean
 
 help:
 	@echo "make demo   - bring up a lab fleet ($(LAB_NODES) hosts) and upgrade it end to end with playbooks/upgrade.yml"
@@ -71,6 +71,10 @@ integration: mirrors
 ## Lab runs too long for every CI run (the HAProxy drain under load across a rolling upgrade of 4 hosts).
 integration-long: mirrors
 	$(PY) -m pytest tests/integration -q --durations=25 -m long $(PYTEST_ARGS)
+
+## Refresh the committed fault-injection table (make test writes it to reports/, leaving the clone clean).
+fault-injection-doc: mirrors
+	GPUFLEET_UPDATE_DOCS=1 $(PY) -m pytest tests/integration/test_fault_injection.py -q $(PYTEST_ARGS)
 
 build: setup
 	ansible-galaxy collection build --force --output-path build/
