@@ -22,6 +22,8 @@ import json
 import os
 import tempfile
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._proc import stat_fields
+
 # Every phase a run records, in run order (recover: the rollback of an interrupted run; drain/undrain: taking the
 # host out of service and back, see the serving role).
 # The host serves until the drain: the toolkit and the new venv are prepared before it, the switch and the post-check
@@ -182,14 +184,8 @@ def judge_lock(lock, run_id, controller, holder_alive=None, break_run_id=None, t
 
 def process_start(pid, proc="/proc"):
     """Start time of a process (clock ticks since boot, /proc/<pid>/stat field 22); None if gone."""
-    try:
-        with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
-    rest = stat.rsplit(")", 1)[-1].split()
-    return rest[19] if len(rest) > 19 else None
+    rest = stat_fields(pid, proc)
+    return rest[19] if rest and len(rest) > 19 else None
 
 
 def process_alive(pid, pid_start, proc="/proc") -> bool:
