@@ -9,6 +9,7 @@ import configparser
 import copy
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -86,9 +87,41 @@ def _cross_field_errors(profile) -> list[str]:
         for name in group:
             if name not in package_names:
                 messages.append(f"wheels.rules.same_version[{n}]: {name!r} is not one of wheels.packages")
+    messages += _lock_rule_errors(wheels, index_names, package_names)
     method = profile["cuda"]["install_method"]
     if method not in profile["cuda"]["sources"]:
         messages.append(f"cuda.sources: install_method is {method!r} but cuda.sources.{method} is missing")
+    return messages
+
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _lock_rule_errors(wheels, index_names, package_names) -> list[str]:
+    """wheels.dependency_indexes, rules.companions and rules.cuda_exceptions against the rest of the profile."""
+    messages = []
+    profile_keys = {_canon(n) for n in package_names}
+    for name, index in (wheels.get("dependency_indexes") or {}).items():
+        if index not in index_names:
+            messages.append(
+                f"wheels.dependency_indexes.{name}: index {index!r} is not declared in wheels.indexes"
+                f" (declared: {', '.join(sorted(index_names))})"
+            )
+        if _canon(name) in profile_keys:
+            messages.append(
+                f"wheels.dependency_indexes.{name}: {name!r} is a profile package; give its indexes in"
+                " wheels.packages instead"
+            )
+    for key in ("companions", "cuda_exceptions"):
+        seen = set()
+        for n, entry in enumerate(wheels["rules"].get(key, [])):
+            package = _canon(entry["package"])
+            if package in seen:
+                messages.append(f"wheels.rules.{key}[{n}]: a second entry for {entry['package']!r}; keep one")
+            seen.add(package)
+            if key == "companions" and package == _canon(entry.get("with", "torch")):
+                messages.append(f"wheels.rules.companions[{n}]: {entry['package']!r} cannot pair with itself")
     return messages
 
 

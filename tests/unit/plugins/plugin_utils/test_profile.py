@@ -138,3 +138,59 @@ def test_a_bad_gpu_required_names_the_variable_the_value_and_the_fix():
         ValueError, match=r"gpufleet_gpu_required='sometimes' is not a boolean; set it to true or false"
     ):
         prof.host_settings(load("cu130"), None, "sometimes")
+
+
+def _rules(p):
+    return p["wheels"]["rules"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda p: p["wheels"].__setitem__("dependency_indexes", {"torchao": "nowhere"}),
+            "wheels.dependency_indexes.torchao: index 'nowhere' is not declared",
+        ),
+        (
+            lambda p: p["wheels"].__setitem__("dependency_indexes", {"torch": "pytorch-cu130"}),
+            "wheels.dependency_indexes.torch: 'torch' is a profile package",
+        ),
+        (
+            lambda p: _rules(p).__setitem__("companions", [{"package": "torchvision", "versions": {"2.11": "0.26"}}]),
+            "wheels.rules.companions[0]: 'reason' is a required property",
+        ),
+        (
+            lambda p: _rules(p).__setitem__(
+                "companions", [{"package": "torchvision", "versions": {"2.11": "0.26.x"}, "reason": "r"}]
+            ),
+            "wheels.rules.companions[0].versions.2.11",
+        ),
+        (
+            lambda p: _rules(p).__setitem__(
+                "companions", [{"package": "torch_vision", "reason": "r"}, {"package": "Torch-Vision", "reason": "r"}]
+            ),
+            "wheels.rules.companions[1]: a second entry for 'Torch-Vision'",
+        ),
+        (
+            lambda p: _rules(p).__setitem__("companions", [{"package": "torch", "reason": "r"}]),
+            "wheels.rules.companions[0]: 'torch' cannot pair with itself",
+        ),
+        (lambda p: _rules(p).__setitem__("cuda_exceptions", [{"package": "cupy-cuda12x"}]), "cuda_exceptions[0]"),
+    ],
+)
+def test_bad_lock_rules_name_the_field(mutate, expected):
+    profile = copy.deepcopy(load("cu130"))
+    mutate(profile)
+    errors = prof.validate(profile)
+    assert any(expected in e for e in errors), errors
+
+
+def test_lock_rules_validate_when_well_formed():
+    profile = copy.deepcopy(load("cu130"))
+    profile["wheels"]["dependency_indexes"] = {"torchao": "default"}
+    profile["wheels"]["rules"]["companions"] = [
+        {"package": "torchvision", "versions": {"2.11": "0.26", "2.10": "0.25"}, "reason": "built against one torch"},
+        {"package": "sgl-kernel", "reason": "pins torch exactly"},
+    ]
+    profile["wheels"]["rules"]["cuda_exceptions"] = [{"package": "nvidia-nvshmem-cu12", "reason": "unused"}]
+    assert prof.validate(profile) == []
