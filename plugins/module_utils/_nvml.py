@@ -279,8 +279,13 @@ def _num(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def judge_gpu(gpu: dict, thresholds: dict | None = None) -> dict:
-    """Health of one GPU: {'healthy', 'reasons' (gates failed), 'notes' (facts worth reading, not gates)}."""
+def judge_gpu(gpu: dict, thresholds: dict | None = None, server_pids: set[int] | None = None) -> dict:
+    """Health of one GPU: {'healthy', 'reasons' (gates failed), 'notes' (facts worth reading, not gates),
+    'server_processes', 'foreign_processes'}.
+
+    ``server_pids``: the serving unit's processes (its main pid and every descendant, see _server.server_pid_set); their
+    compute processes are listed as the server's and never fail the GPU. None: nobody said, every process is foreign.
+    """
     t = dict(DEFAULT_THRESHOLDS, **(thresholds or {}))
     who = describe(gpu)
     reasons, notes = [], []
@@ -288,7 +293,7 @@ def judge_gpu(gpu: dict, thresholds: dict | None = None) -> dict:
         err = gpu["errors"]["handle"]["error"]
         state = "has fallen off the bus (GPU is lost)" if gpu.get("lost") else "cannot be opened"
         reasons.append(f"{who} {state}: NVML said {err!r}; check `dmesg` for Xid errors and reset or reseat the GPU")
-        return {"healthy": False, "reasons": reasons, "notes": notes}
+        return {"healthy": False, "reasons": reasons, "notes": notes, "server_processes": [], "foreign_processes": []}
 
     _rule_ecc(gpu, t, who, reasons, notes)
     _rule_remap(gpu, t, who, reasons)
@@ -296,10 +301,16 @@ def judge_gpu(gpu: dict, thresholds: dict | None = None) -> dict:
     _rule_pcie(gpu, t, who, reasons, notes)
     _rule_clocks(gpu, t, who, reasons)
     _rule_temperature(gpu, t, who, reasons)
-    _rule_processes(gpu, t, who, reasons)
+    server, foreign = _rule_processes(gpu, t, who, reasons, notes, server_pids)
     for field, err in sorted(gpu.get("errors", {}).items()):
         notes.append(f"{who}: NVML could not read {field} ({err['call']}: {err['error']})")
-    return {"healthy": not reasons, "reasons": reasons, "notes": notes}
+    return {
+        "healthy": not reasons,
+        "reasons": reasons,
+        "notes": notes,
+        "server_processes": server,
+        "foreign_processes": foreign,
+    }
 
 
 def _rule_ecc(gpu, t, who, reasons, notes):
@@ -392,19 +403,63 @@ def _rule_temperature(gpu, t, who, reasons):
         )
 
 
-def _rule_processes(gpu, t, who, reasons):
-    procs = gpu.get("processes")
-    if not t["forbid_processes"] or not isinstance(procs, list) or not procs:
-        return
-    listed = ", ".join(f"{p['pid']} ({p.get('name') or '?'})" for p in procs)
-    reasons.append(
-        f"{who}: {len(procs)} compute process(es) still run on a host that should be drained: {listed};"
-        " stop them (or drain the host) before the post-check, or set postcheck.health.forbid_processes to false"
-    )
+def split_processes(procs, server_pids):
+    """One GPU's compute processes as (the server's, foreign). With ``server_pids`` None nobody said which
+    processes are the server's, so every process is foreign (the rule as it reads on a drained host)."""
+    if not isinstance(procs, list):
+        return [], []
+    if server_pids is None:
+        return [], list(procs)
+    server = [p for p in procs if p.get("pid") in server_pids]
+    return server, [p for p in procs if p.get("pid") not in server_pids]
 
 
-def judge_host(facts: dict, thresholds: dict | None = None, expected_gpu_count: int | None = None) -> dict:
-    """Judge every GPU; the host is healthy when all GPUs are and the count matches what was expected."""
+def _listed(procs) -> str:
+    def one(p):
+        used = f", {p['used_mib']} MiB" if isinstance(p.get("used_mib"), int) else ""
+        return f"{p['pid']} ({p.get('name') or '?'}{used})"
+
+    return ", ".join(one(p) for p in procs)
+
+
+def _rule_processes(gpu, t, who, reasons, notes, server_pids):
+    """The serving unit's own processes are expected on a serving host; any other compute process is foreign."""
+    server, foreign = split_processes(gpu.get("processes"), server_pids)
+    if server:
+        notes.append(f"{who}: the serving unit's process(es) {_listed(server)}")
+    if not foreign:
+        return server, foreign
+    if not t["forbid_processes"]:
+        notes.append(
+            f"{who}: compute process(es) that are not the serving unit's: {_listed(foreign)}"
+            " (allowed: postcheck.health.forbid_processes is false)"
+        )
+    elif server_pids is None:
+        reasons.append(
+            f"{who}: {len(foreign)} compute process(es) run on it: {_listed(foreign)}; the serving unit's processes"
+            " were not given (server_main_pid or server_pids), so none counts as the server's: give the unit's main"
+            " pid (postcheck_server_main_pid where there is no systemd), stop the processes, or set"
+            " postcheck.health.forbid_processes to false"
+        )
+    else:
+        reasons.append(
+            f"{who}: {len(foreign)} compute process(es) that are not the serving unit's run on it: {_listed(foreign)};"
+            " stop them before the post-check (the unit's own processes are expected), or set"
+            " postcheck.health.forbid_processes to false"
+        )
+    return server, foreign
+
+
+def judge_host(
+    facts: dict,
+    thresholds: dict | None = None,
+    expected_gpu_count: int | None = None,
+    server_pids: set[int] | None = None,
+) -> dict:
+    """Judge every GPU; the host is healthy when all GPUs are and the count matches what was expected.
+
+    ``server_pids`` as in judge_gpu. ``server_processes`` and ``foreign_processes`` list each process with its GPU.
+    """
     host_reasons = []
     for field, err in sorted(facts.get("errors", {}).items()):
         host_reasons.append(f"NVML could not read {field} ({err['call']}: {err['error']})")
@@ -416,12 +471,34 @@ def judge_host(facts: dict, thresholds: dict | None = None, expected_gpu_count: 
         )
     per_gpu = []
     for gpu in facts.get("gpus", []):
-        verdict = judge_gpu(gpu, thresholds)
+        verdict = judge_gpu(gpu, thresholds, server_pids)
         gpu_out = dict(gpu, **verdict)
         per_gpu.append(gpu_out)
     reasons = host_reasons + [r for g in per_gpu for r in g["reasons"]]
     notes = [n for g in per_gpu for n in g["notes"]]
-    return {"healthy": not reasons, "reasons": reasons, "notes": notes, "gpus": per_gpu}
+    server = [dict(p, gpu=g["index"]) for g in per_gpu for p in g["server_processes"]]
+    foreign = [dict(p, gpu=g["index"]) for g in per_gpu for p in g["foreign_processes"]]
+    notes += _server_notes(server_pids, server, per_gpu)
+    return {
+        "healthy": not reasons,
+        "reasons": reasons,
+        "notes": notes,
+        "gpus": per_gpu,
+        "server_processes": server,
+        "foreign_processes": foreign,
+    }
+
+
+def _server_notes(server_pids, server, gpus) -> list:
+    """What is worth knowing of the server itself: not running, or running without a GPU process."""
+    if server_pids is None or not gpus:
+        return []
+    if not server_pids:
+        return ["the serving unit runs no process (its main pid is 0 or gone): every compute process counts as foreign"]
+    if not server:
+        shown = ", ".join(str(p) for p in sorted(server_pids)[:8]) + (" ..." if len(server_pids) > 8 else "")
+        return [f"the serving unit's processes ({shown}) hold no GPU: NVML lists none of them as a compute process"]
+    return []
 
 
 # --------------------------------------------------------------------------- the host's health, read and judged
@@ -462,8 +539,11 @@ def skipped_health(reason) -> dict:
     }
 
 
-def host_health(loader, gpu_required=True, thresholds=None, expected_gpu_count=None):
+def host_health(loader, gpu_required=True, thresholds=None, expected_gpu_count=None, server_pids=None):
     """Read every GPU through NVML and judge the host: ``(result, facts)``.
+
+    ``server_pids``: the serving unit's processes (_server.server_pid_set), expected on the GPUs; None: every compute
+    process is foreign.
 
     ``facts`` is None when the GPUs were not judged (no NVML or no GPU, and none required: ``result`` says skipped).
     Raises NvmlUnavailable when NVML cannot be used and a GPU is required.
@@ -484,7 +564,7 @@ def host_health(loader, gpu_required=True, thresholds=None, expected_gpu_count=N
             pass  # nothing is left to release when shutdown itself fails
     if facts["gpu_count"] == 0 and not gpu_required:
         return dict(skipped_health("NVML sees no GPU"), driver_version=facts["driver_version"]), None
-    verdict = judge_host(facts, thresholds, expected_gpu_count)
+    verdict = judge_host(facts, thresholds, expected_gpu_count, server_pids)
     if facts["gpu_count"] == 0:
         verdict["reasons"].insert(0, "NVML sees no GPU but one is required (gpufleet_gpu_required)")
         verdict["healthy"] = False
@@ -499,5 +579,7 @@ def host_health(loader, gpu_required=True, thresholds=None, expected_gpu_count=N
         "nvml_version": facts["nvml_version"],
         "gpu_count": facts["gpu_count"],
         "gpus": verdict["gpus"],
+        "server_processes": verdict["server_processes"],
+        "foreign_processes": verdict["foreign_processes"],
     }
     return result, facts

@@ -14,6 +14,12 @@ description:
     temperature, power, running compute processes and persistence mode, through nvidia-ml-py (C(pynvml)).
   - Judges every GPU against O(thresholds) (the stack profile's C(postcheck.health)) and returns C(healthy) per
     GPU and for the host, with reasons a person can act on.
+  - "The serving unit's own processes are expected on a serving host: O(server_unit) or O(server_main_pid) (the
+    main process and every descendant that runs now, as SGLang's scheduler and tensor-parallel workers are children
+    of its launcher), O(server_cgroup) (every member of the unit's cgroup) and O(server_pids) name them. Their compute
+    processes are listed as the server's (RV(server_processes), a note per GPU) and never fail a GPU; any other
+    compute process is foreign (RV(foreign_processes)) and fails the GPU when O(thresholds.forbid_processes) is true,
+    naming its pid, name, memory and GPU. Given none of them, every compute process is foreign."
   - A field the GPU does not support reads C(not supported); the module never fails for it.
   - Without a driver or NVML the module fails with the reason, unless O(gpu_required=false), when it returns
     C(status=skipped) with C(skipped_reason) (hosts without GPUs, such as the lab).
@@ -53,7 +59,9 @@ options:
         type: int
         default: 87
       forbid_processes:
-        description: Whether running compute processes make a GPU unhealthy (the host should be drained).
+        description:
+          - Whether a foreign compute process (one that is not the serving unit's, see O(server_main_pid)) makes a
+            GPU unhealthy. The serving unit's own processes never do.
         type: bool
         default: true
       fail_on_clock_events:
@@ -61,6 +69,28 @@ options:
         type: list
         elements: str
         default: [hw_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, sw_thermal_slowdown]
+  server_unit:
+    description:
+      - The serving unit (C(sglang) or C(sglang.service)); its C(MainPID) and C(ControlGroup) are read with
+        C(systemctl show) when the module runs, so they name whichever server the unit runs then.
+      - A unit that cannot be read (no systemd, unknown unit) leaves the server unknown, with a note saying why.
+    type: str
+  server_main_pid:
+    description:
+      - Main pid of the server, for a host without systemd (the launcher's pid); wins over O(server_unit). It and
+        every process below it that runs now are the server's.
+      - C(0) says no server runs: then every compute process is foreign, and a note says so.
+    type: int
+  server_cgroup:
+    description:
+      - The serving unit's cgroup (read from O(server_unit) when not given), for example
+        C(/system.slice/sglang.service); every member (cgroup v2, C(/sys/fs/cgroup)) and its descendants are the
+        server's, also a process that left the launcher's tree.
+    type: str
+  server_pids:
+    description: Further pids of the server, taken as they are (no descendants added).
+    type: list
+    elements: int
   gpu_required:
     description:
       - Whether the host must have a working NVIDIA driver and at least one GPU.
@@ -101,6 +131,14 @@ attributes:
     support: none
     description: Nothing on the host changes, so there is no diff.
 notes:
+  - "While the post-check runs the serving unit holds the GPUs: after the switch the new server (the upgrade runs the
+    post-check after the restart); and with C(gpufleet_drain=none) anything run before the restart sees the old server,
+    which is the same unit. Either way the unit's main pid is read when the check runs, so whichever server the unit
+    runs is the server, and only other processes are judged. The health rules (ECC, row remaps, PCIe link, clocks,
+    temperature) are properties of the GPU, judged the same beside a server; the GPU's memory use is reported, never
+    judged: a serving host's GPUs are never free."
+  - NVML reports pids of the host's pid namespace; run the module there (not in a container with its own pid
+    namespace) or the server's processes cannot be matched.
   - Retired pages are not supported on A100 and newer (row remapping replaced them); NVLink state is not supported
     on PCIe-only GPUs such as the RTX PRO 6000. Both read C(not supported).
 """
@@ -110,6 +148,12 @@ EXAMPLES = r"""
   gpufleet.upgrade.nvml_info:
     thresholds: "{{ gpufleet_stack.postcheck.health }}"
     gpu_required: "{{ gpufleet_gpu_required | default(gpufleet_stack.gpu.required) }}"
+  register: __postcheck_nvml
+
+- name: Judge GPU health beside the serving unit, whose own processes are expected
+  gpufleet.upgrade.nvml_info:
+    thresholds: "{{ gpufleet_stack.postcheck.health }}"
+    server_unit: "{{ gpufleet_stack.serving.unit_name }}"
   register: __postcheck_nvml
 
 - name: Judge the preflight's GPU gates against the profile's minimums
@@ -182,8 +226,29 @@ gates:
     report: failed
     gates:
       driver: {seen: 580.159.04, minimum: 590.48.01, passed: false}
+server:
+  description: The server the module was told about - C(unit), C(main_pid), C(cgroup), C(source) (C(server_main_pid)
+    or C(systemd (<ActiveState>))), C(error) (why the unit could not be read) and C(pids) (the main pid expanded to
+    every descendant and cgroup member that ran when read; null when unknown).
+  returned: when NVML is available and a server option was given
+  type: dict
+  sample: {unit: sglang, main_pid: 3700, cgroup: /system.slice/sglang.service, source: systemd (active), error: null,
+           pids: [3700, 3703, 3704]}
+server_processes:
+  description: The serving unit's compute processes, one per process and GPU - C(pid), C(name), C(used_mib), C(gpu).
+  returned: when NVML is available
+  type: list
+  elements: dict
+  sample: [{pid: 3703, name: python3, used_mib: 125134, gpu: 0}]
+foreign_processes:
+  description: Every other compute process, as RV(server_processes); each fails its GPU when
+    O(thresholds.forbid_processes).
+  returned: when NVML is available
+  type: list
+  elements: dict
 gpus:
-  description: Per GPU facts with C(healthy), C(reasons) and C(notes). A field the GPU does not support reads
+  description: Per GPU facts with C(healthy), C(reasons), C(notes), C(server_processes) and C(foreign_processes).
+    A field the GPU does not support reads
     C(not supported).
   returned: always
   type: list
@@ -205,6 +270,8 @@ gpus:
       temperature_c: 31
       power: {draw_w: 75.3, limit_w: 700.0}
       processes: []
+      server_processes: []
+      foreign_processes: []
       persistence_mode: enabled
       healthy: true
       reasons: []
@@ -215,12 +282,13 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gates, _nvml
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gates, _nvml, _server
 
 ARGUMENT_SPEC = {
     "thresholds": {"type": "dict", "default": {}, "options": _nvml.THRESHOLD_SPEC},
     "gpu_required": {"type": "bool", "default": True},
     "expected_gpu_count": {"type": "int"},
+    **_server.SERVER_SPEC,
     "gates": {
         "type": "dict",
         "options": {
@@ -242,15 +310,20 @@ def run(module, nvml_loader=_nvml.load_pynvml):
     params = module.params
     gates = params["gates"]
     host = (gates or {}).get("host") or socket.gethostname()
+    server = _server.resolve(params, module.get_bin_path, module.run_command)
+    server_pids = server["pids"]
     try:
         result, facts = _nvml.host_health(
-            nvml_loader, params["gpu_required"], params["thresholds"], params["expected_gpu_count"]
+            nvml_loader, params["gpu_required"], params["thresholds"], params["expected_gpu_count"], server_pids
         )
     except _nvml.NvmlUnavailable as exc:
         extra = {"gates": _gates.nvml_unusable(str(exc), host)} if gates is not None else {}
         module.fail_json(msg=_nvml.unavailable_message(host, exc), status="failed", **extra)
     if gates is not None and facts is not None:
         result["gates"] = _gates.judge_gpu_gates(facts, gates, host)
+    if facts is not None and (server_pids is not None or server["error"]):
+        result["server"] = _server.server_fact(server)
+        result["notes"] = _server.server_notes(server) + result["notes"]
     return result
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _server
+
 try:
     import jsonschema
 except ImportError:  # pragma: no cover - reported by load_profile
@@ -88,10 +90,21 @@ def _cross_field_errors(profile) -> list[str]:
             if name not in package_names:
                 messages.append(f"wheels.rules.same_version[{n}]: {name!r} is not one of wheels.packages")
     messages += _lock_rule_errors(wheels, index_names, package_names)
+    messages += _serving_env_errors(profile)
     method = profile["cuda"]["install_method"]
     if method not in profile["cuda"]["sources"]:
         messages.append(f"cuda.sources: install_method is {method!r} but cuda.sources.{method} is missing")
     return messages
+
+
+def _serving_env_errors(profile) -> list[str]:
+    """serving.env must not set a variable that acts by its mere presence (_server.PRESENCE_FLAGS, with the reason)."""
+    return [
+        f"serving.env.{flag['name']}: profile {profile.get('name')!r} sets it to {flag['value']!r}, but"
+        f" {_server.presence_flag_message(flag)}; fix: remove {flag['name']} from serving.env (unset is the only"
+        " way to keep the default)"
+        for flag in _server.presence_flags((profile.get("serving") or {}).get("env") or {})
+    ]
 
 
 def _canon(name: str) -> str:

@@ -276,7 +276,7 @@ def test_processes_on_a_host_that_should_be_drained():
     overrides = {"nvmlDeviceGetComputeRunningProcesses": procs, "nvmlSystemGetProcessName": "python3"}
     gpu, verdict = gpu0(overrides)
     assert gpu["processes"] == [{"pid": 4242, "name": "python3", "used_mib": 2048}]
-    assert gpu["healthy"] is False and "4242 (python3)" in verdict["reasons"][0]
+    assert gpu["healthy"] is False and "4242 (python3, 2048 MiB)" in verdict["reasons"][0]
     gpu, _verdict = gpu0(overrides, dict(PROFILE_HEALTH, forbid_processes=False))
     assert gpu["healthy"] is True
 
@@ -346,3 +346,74 @@ def test_cuda_version_string():
     assert _nvml.cuda_version_string(13010) == "13.1"
     assert _nvml.cuda_version_string(12080) == "12.8"
     assert _nvml.cuda_version_string(_nvml.NOT_SUPPORTED) == _nvml.NOT_SUPPORTED
+
+
+# ------------------------------------------------------------------ the serving unit's processes against foreign ones
+
+SERVING = [  # a server beside the post-check: its launcher holds nothing, its scheduler 122 GB, and one stranger
+    {"pid": 3703, "usedGpuMemory": 122 * 2**30},
+    {"pid": 4242, "usedGpuMemory": 2 * 2**30},
+]
+NAMES = {3703: "sglang::scheduler_TP0", 4242: "python3"}
+
+
+def serving_overrides(procs=SERVING):
+    return {
+        "nvmlDeviceGetComputeRunningProcesses": procs,
+        "nvmlSystemGetProcessName": lambda args: NAMES.get(args[0], "python3"),
+    }
+
+
+def test_the_servers_processes_are_listed_as_such_and_a_foreign_one_fails_naming_pid_name_and_gpu():
+    verdict = _nvml.judge_host(facts(serving_overrides()), PROFILE_HEALTH, server_pids={3700, 3703})
+    gpu = verdict["gpus"][0]
+    assert gpu["healthy"] is False
+    assert verdict["server_processes"] == [{"pid": 3703, "name": "sglang::scheduler_TP0", "used_mib": 124928, "gpu": 0}]
+    assert verdict["foreign_processes"] == [{"pid": 4242, "name": "python3", "used_mib": 2048, "gpu": 0}]
+    assert len(verdict["reasons"]) == 1
+    reason = verdict["reasons"][0]
+    assert reason.startswith("GPU 0 (GPU-") and "not the serving unit's" in reason
+    assert "4242 (python3, 2048 MiB)" in reason and "3703" not in reason
+    assert any("serving unit's process(es) 3703 (sglang::scheduler_TP0, 124928 MiB)" in n for n in verdict["notes"])
+
+
+def test_only_the_servers_processes_pass_whatever_memory_they_hold():
+    verdict = _nvml.judge_host(facts(serving_overrides(SERVING[:1])), PROFILE_HEALTH, server_pids={3703})
+    assert verdict["healthy"] is True and verdict["reasons"] == []
+    assert verdict["foreign_processes"] == [] and [p["pid"] for p in verdict["server_processes"]] == [3703]
+
+
+def test_forbid_processes_false_reports_a_foreign_process_as_a_note():
+    verdict = _nvml.judge_host(
+        facts(serving_overrides()), dict(PROFILE_HEALTH, forbid_processes=False), server_pids={3703}
+    )
+    assert verdict["healthy"] is True
+    assert any("not the serving unit's: 4242 (python3, 2048 MiB)" in n for n in verdict["notes"])
+
+
+def test_without_the_servers_pids_every_process_is_foreign_and_the_fix_names_the_main_pid():
+    verdict = _nvml.judge_host(facts(serving_overrides()), PROFILE_HEALTH)
+    assert verdict["server_processes"] == [] and len(verdict["foreign_processes"]) == 2
+    assert "were not given" in verdict["reasons"][0] and "postcheck_server_main_pid" in verdict["reasons"][0]
+    assert "3703 (sglang::scheduler_TP0" in verdict["reasons"][0]
+
+
+def test_a_unit_that_runs_no_process_or_holds_no_gpu_is_a_note():
+    verdict = _nvml.judge_host(facts(serving_overrides(SERVING[1:])), PROFILE_HEALTH, server_pids=set())
+    assert verdict["healthy"] is False and "runs no process" in " ".join(verdict["notes"])
+    verdict = _nvml.judge_host(facts(serving_overrides(SERVING[1:])), PROFILE_HEALTH, server_pids={77, 78})
+    assert any("(77, 78) hold no GPU" in n for n in verdict["notes"])
+
+
+def test_eight_gpus_each_with_its_tp_worker():
+    recording = fake.replicate(RECORDING, 8)
+    procs = {f"handle{i}": [{"pid": 5000 + i, "usedGpuMemory": 2**30}] for i in range(8)}
+    procs["handle5"].append({"pid": 9999, "usedGpuMemory": 2**30})
+    overrides = {
+        "nvmlDeviceGetComputeRunningProcesses": lambda args: procs[args[0]],
+        "nvmlSystemGetProcessName": "python3",
+    }
+    verdict = _nvml.judge_host(facts(overrides, recording), PROFILE_HEALTH, server_pids=set(range(5000, 5008)))
+    assert [p["gpu"] for p in verdict["server_processes"]] == list(range(8))
+    assert verdict["foreign_processes"] == [{"pid": 9999, "name": "python3", "used_mib": 1024, "gpu": 5}]
+    assert [g["healthy"] for g in verdict["gpus"]] == [True] * 5 + [False] + [True] * 2

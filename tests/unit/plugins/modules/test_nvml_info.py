@@ -222,3 +222,43 @@ def test_host_state_returns_the_state_file_and_names_a_broken_one(monkeypatch, t
     state.write_text("{not json")
     ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
     assert not ok and str(state) in res["msg"] and "move it aside" in res["msg"], res
+
+
+# ------------------------------------------------------------------------- the serving unit's processes, real pids
+
+
+def test_the_main_pid_is_expanded_to_its_real_descendants_and_only_others_fail(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # A real process tree: this test's process is the "launcher", a child of it the "scheduler" holding the GPU.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        procs = [
+            {"pid": child.pid, "usedGpuMemory": 120 * 2**30},
+            {"pid": 1, "usedGpuMemory": 2**30},  # pid 1 is no descendant of this test
+        ]
+        overrides = {"nvmlDeviceGetComputeRunningProcesses": procs, "nvmlSystemGetProcessName": "python3"}
+        result, _calls = run_fake({"server_main_pid": os.getpid()}, overrides)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid in result["server"]["pids"] and os.getpid() in result["server"]["pids"]
+    assert result["server"]["main_pid"] == os.getpid()
+    assert [p["pid"] for p in result["server_processes"]] == [child.pid]
+    assert [p["pid"] for p in result["foreign_processes"]] == [1]
+    assert result["status"] == "unhealthy" and len(result["reasons"]) == 1
+    assert "1 (python3, 1024 MiB)" in result["reasons"][0] and str(child.pid) not in result["reasons"][0]
+
+
+def test_server_pids_alone_and_a_unit_that_does_not_run():
+    procs = [{"pid": 3703, "usedGpuMemory": 2**30}]
+    overrides = {"nvmlDeviceGetComputeRunningProcesses": procs, "nvmlSystemGetProcessName": "python3"}
+    result, _calls = run_fake({"server_pids": [3703]}, overrides)
+    assert result["healthy"] is True and result["server"]["pids"] == [3703]
+    result, _calls = run_fake({"server_main_pid": 0}, overrides)
+    assert result["healthy"] is False and result["server"]["pids"] == []
+    assert "runs no process" in " ".join(result["notes"])
+    result, _calls = run_fake({}, overrides)
+    assert "server" not in result and "were not given" in result["reasons"][0]

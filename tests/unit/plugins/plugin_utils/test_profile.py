@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _server
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _profile as prof
 
 STACKS = Path(prof.STACKS_DIR)
@@ -194,3 +195,27 @@ def test_lock_rules_validate_when_well_formed():
     ]
     profile["wheels"]["rules"]["cuda_exceptions"] = [{"package": "nvidia-nvshmem-cu12", "reason": "unused"}]
     assert prof.validate(profile) == []
+
+
+@pytest.mark.parametrize("value", ["0", "1", "false", ""])
+def test_a_serving_env_variable_that_acts_by_its_presence_is_refused_with_the_reason(value):
+    profile = copy.deepcopy(load("cu130"))
+    profile["serving"]["env"] = {"FLASHINFER_DISABLE_JIT": value, "NCCL_P2P_DISABLE": "1"}
+    errors = prof.validate(profile)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"serving.env.FLASHINFER_DISABLE_JIT: profile 'cu130' sets it to {value!r}")
+    assert "whatever its value" in errors[0] and "flashinfer/jit/core.py" in errors[0]
+    assert "fix: remove FLASHINFER_DISABLE_JIT from serving.env" in errors[0]
+
+
+def test_a_profile_file_with_it_fails_to_load_naming_the_file(tmp_path):
+    text = (prof.STACKS_DIR / "cu130.yml").read_text()
+    bad = tmp_path / "mine.yml"
+    bad.write_text(text.replace("  env: {}\n", '  env:\n    FLASHINFER_DISABLE_JIT: "0"\n', 1))
+    with pytest.raises(prof.ProfileError, match=r"mine\.yml is invalid: serving\.env\.FLASHINFER_DISABLE_JIT"):
+        prof.load_profile(path=str(bad))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_no_shipped_profile_sets_a_presence_flag(name):
+    assert set(load(name)["serving"].get("env") or {}).isdisjoint(_server.PRESENCE_FLAGS)
