@@ -27,7 +27,9 @@ import os
 import re
 import shlex
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _proc
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _unit as un
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._backup import canonical_name as canon
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._redist import file_sha256
 
@@ -234,12 +236,8 @@ def file_item(label, path, expected_text, observed_text, kind="text") -> dict:
     return item(label, path, path, drift)
 
 
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return None
+# A file's text, None when it cannot be read (the serving unit's reader: one for the files and the drop-ins).
+read_text = un.read_text
 
 
 # --------------------------------------------------------------------------- toolkit and link
@@ -322,6 +320,259 @@ def gpu_item(nvml) -> dict:
         return item("gpus", "healthy", status)
     reasons = nvml.get("reasons") or [status]
     return item("gpus", "healthy", status, [f"GPU health: {'; '.join(str(r) for r in reasons)}"])
+
+
+# --------------------------------------------------------------------------- what runs
+
+SERVING_UNIT = "serving unit"
+SERVING_PROCESS = "serving process"
+# How a re-run of the upgrade repairs a drifted item of what runs: restart the unit (it runs what its files say
+# once restarted), or refuse (a setting the collection did not write overrides the profile: removing it is the
+# operator's call).
+RESTART, REFUSE = "restart", "refuse"
+
+
+def _options(argv) -> dict:
+    """``{option: value words}`` of an argv's ``--options`` (a flag without a value: ''), and its lead words."""
+    out, key = {"": []}, ""
+    for word in argv or ():
+        if word.startswith("--"):
+            key, _sep, inline = word.partition("=")
+            out[key] = [inline] if _sep else []
+        else:
+            out.setdefault(key, []).append(word)
+    return out
+
+
+def argv_difference(have, want) -> str:
+    """The first difference of two command lines in words: ``--port 31000, the other says --port 30000``."""
+    a, b = _options(have), _options(want)
+    for key in list(b) + [k for k in a if k not in b]:
+        if a.get(key) == b.get(key):
+            continue
+        if key == "":
+            return f"{' '.join(a[''])!r}, the other says {' '.join(b[''])!r}"
+        mine = f"{key} {' '.join(a[key])}".strip() if key in a else f"no {key}"
+        other = f"{key} {' '.join(b[key])}".strip() if key in b else f"no {key}"
+        return f"{mine}, the other says {other}"
+    return f"{' '.join(have or [])!r}, the other says {' '.join(want or [])!r}"
+
+
+def same_command(have, want) -> bool:
+    """Whether a process's command line is the command: as given, or a script run through its '#!' interpreter
+    (the kernel puts the interpreter, and at most one option of it, before the script's path)."""
+    have, want = list(have or ()), list(want or ())
+    if " ".join(have) == " ".join(want):
+        return True
+    extra = len(have) - len(want)
+    return bool(want) and 0 < extra <= 2 and " ".join(have[extra:]) == " ".join(want)
+
+
+def _says(have, want, who):
+    return argv_difference(have, want).replace("the other says", f"{who} says")
+
+
+def process_differences(process, venvs, env, argv=None, who="the unit") -> list:
+    """What a running process (``_proc.describe``) does otherwise than expected: ``[(kind, words)]``.
+
+    ``venvs``: the venv folders it may run from (compared after resolving links; empty: not judged); ``env``:
+    ``{name: value}`` its environment must hold (None value: must be unset); ``argv``: its command, or None.
+    """
+    pid = process.get("pid")
+    server = f"the running server (pid {pid})"
+    if not process.get("running"):
+        return [("process", f"no process {pid} runs")]
+    out = []
+    if argv is not None and process.get("cmdline") is not None and not same_command(process["cmdline"], argv):
+        out.append(("argv", f"{server} was started with {_says(process['cmdline'], argv, who)}"))
+    if venvs:
+        wanted = {os.path.normpath(os.path.realpath(v)) for v in venvs if v}
+        real = process.get("venv_real")
+        if process.get("exe_deleted"):
+            out.append(("venv", f"{server} runs {process.get('exe')}, which was deleted"))
+        elif real is None:
+            out.append(("venv", f"{server} runs {process.get('exe') or '?'}, from no venv"))
+        elif os.path.normpath(real) not in wanted:
+            out.append(("venv", f"{server} runs from {real}, not {' or '.join(sorted(wanted))}"))
+    environ = process.get("environ")
+    if env and environ is None:
+        reason = (process.get("errors") or {}).get("environ", "unreadable")
+        out.append(("env", f"{server}: its environment cannot be read ({reason}); read it as root"))
+    elif env:
+        for name, value in sorted(env.items()):
+            have = environ.get(name)
+            if have != value:
+                shown = "unset" if have is None else f"{name}={have}"
+                wanted = f"unsets {name}" if value is None else f"gives {name}={value}"
+                out.append(("env", f"{server} runs with {shown}, {who} {wanted}"))
+    return out
+
+
+def _unit_env_lines(unit, sources, env_files, want_env, env_path) -> list:
+    """Variables the profile sets that a drop-in (or a file a drop-in names) sets otherwise: ``[(repair, words)]``.
+    A difference in the collection's own files is their items' drift, not repeated here."""
+    out = []
+    if env_path not in (unit.get("environment_files") or []):
+        culprit = next((s for s in reversed(sources) if s["settings"]["environment_files"] is not None), None)
+        by = f"{culprit['kind']} {culprit['path']} sets EnvironmentFile= without it" if culprit else "nothing names it"
+        repair = REFUSE if culprit and culprit["kind"] == "drop-in" else RESTART
+        out.append((repair, f"{unit['name']} does not read {env_path}: {by}"))
+    for name, want in sorted(want_env.items()):
+        origin = un.env_origin(name, unit, sources, env_files)
+        if origin is None or origin["value"] == want:
+            continue
+        if origin["kind"] == "drop-in":
+            out.append((REFUSE, f"drop-in {origin['path']} sets {name}={origin['value']}, the profile wants {want}"))
+        elif origin["kind"] == "environment file" and origin["path"] != env_path and origin["via_kind"] == "drop-in":
+            out.append(
+                (
+                    REFUSE,
+                    f"drop-in {origin['via']} adds EnvironmentFile={origin['path']}, which sets "
+                    f"{name}={origin['value']}, the profile wants {want}",
+                )
+            )
+    return out
+
+
+def _unit_exec_lines(unit, sources, want_argv, fragment_text_argv) -> list:
+    have = unit.get("exec_start")
+    if have is None or same_command(have, want_argv):
+        return []
+    origin = un.exec_origin(sources)
+    words = _says(have, want_argv, "the profile")
+    if origin and origin["kind"] == "drop-in":
+        return [(REFUSE, f"drop-in {origin['path']} replaces ExecStart: it runs {words}")]
+    if fragment_text_argv is not None and same_command(fragment_text_argv, want_argv):
+        # The file is the collection's again, systemd still runs what it loaded before.
+        return [(RESTART, f"systemd runs {unit['name']} as loaded before its file changed ({words}): reload, restart")]
+    return []
+
+
+def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link) -> list:
+    """What runs against the profile: the effective unit (``serving unit``) and its main process (``serving
+    process``). Each drifted item carries ``repair`` (restart or refuse) and, for a refusal, ``fix``.
+
+    observed: ``{unit: _unit.parse_show(...) + {name} or None (no systemd: a main pid was given), sources:
+    _unit.read_sources(...), env_files: {path: {name: value}}, process: _proc.describe(...) or None, tree: [pid]}``;
+    unit_text, env_text: the unit and environment file as the collection renders them; venv_link: ``current``.
+    """
+    unit, sources = observed.get("unit"), observed.get("sources") or []
+    want_argv, want_env = un.expected_exec(unit_text), parse_env(env_text)
+    process = observed.get("process")
+    items = []
+    unit_lines = []
+    if unit is not None:
+        name = unit["name"]
+        fragment = unit.get("fragment_path")
+        if not fragment:
+            unit_lines.append((RESTART, f"systemd has no unit {name}"))
+        elif os.path.normpath(fragment) != os.path.normpath(unit_path):
+            unit_lines.append((REFUSE, f"systemd loads {name} from {fragment}, which overrides {unit_path}"))
+        else:
+            disk = next((s for s in sources if s["kind"] == "unit"), None)
+            unit_lines += _unit_env_lines(unit, sources, observed.get("env_files") or {}, want_env, env_path)
+            unit_lines += _unit_exec_lines(unit, sources, want_argv, (disk or {}).get("settings", {}).get("exec_start"))
+        if unit.get("active_state") != "active":
+            unit_lines.append((RESTART, f"{name} is {unit.get('active_state')} ({unit.get('sub_state')}), not serving"))
+        drop_ins = [s["path"] for s in sources if s["kind"] == "drop-in"]
+        entry = item(
+            SERVING_UNIT,
+            {"unit": unit_path, "exec_start": want_argv, "environment_file": env_path},
+            {
+                "unit": fragment,
+                "drop_ins": drop_ins,
+                "active_state": unit.get("active_state"),
+                "main_pid": unit.get("main_pid"),
+            },
+            [f"{SERVING_UNIT}: {words}" for _repair, words in unit_lines],
+        )
+        entry.update(_repair_of(unit_lines))
+        items.append(entry)
+    if process is not None:
+        # What the unit gives where it runs one (a drop-in's part is the unit item's drift), else the profile's.
+        if unit is not None:
+            ref_argv = unit.get("exec_start") or want_argv
+            ref_env = {}
+            for name in want_env:
+                origin = un.env_origin(name, unit, sources, observed.get("env_files") or {})
+                ref_env[name] = origin["value"] if origin else None
+            who = "the unit"
+        else:
+            ref_argv, ref_env, who = want_argv, want_env, "the profile"
+        target = os.path.realpath(venv_link) if venv_link and os.path.islink(venv_link) else None
+        lines = process_differences(process, [target] if target else [], ref_env, ref_argv, who)
+        fixed = [(RESTART, f"{words}: restart the unit" if unit is not None else words) for _kind, words in lines]
+        entry = item(
+            SERVING_PROCESS,
+            {"argv": ref_argv, "venv": target, "env": ref_env},
+            {
+                "pid": process.get("pid"),
+                "argv": process.get("cmdline"),
+                "venv": process.get("venv_real"),
+                "env": {k: (process.get("environ") or {}).get(k) for k in want_env},
+                "tree": sorted(observed.get("tree") or []),
+            },
+            [f"{SERVING_PROCESS}: {words}" for _repair, words in fixed],
+        )
+        entry.update(_repair_of(fixed))
+        items.append(entry)
+    return items
+
+
+def observe_serving(unit=None, main_pid=None, keys=(), run=None, systemctl="systemctl", proc_root="/proc") -> dict:
+    """What runs for a serving unit, or for a main pid where there is no systemd: ``{unit, sources, env_files,
+    process, tree}`` as ``serving_items`` reads it.
+
+    ``keys``: the environment variables whose values are kept, everywhere (unit, files, process). ``run(argv) ->
+    (rc, stdout, stderr)`` runs systemctl (AnsibleModule.run_command); its failure raises ``_unit.UnitError``.
+    """
+    keys = set(keys or ())
+    shown, sources, env_files = None, [], {}
+    if unit:
+        name = unit if "." in unit else f"{unit}.service"
+        rc, out, err = run(un.show_argv(systemctl, name))
+        if rc != 0:
+            raise un.UnitError(f"systemctl show {name} failed (rc {rc}): {(err or out).strip()}")
+        shown = dict(un.parse_show(out), name=name)
+        sources = un.read_sources(shown["fragment_path"], shown["drop_in_paths"])
+        env_files = {p: un.only(v, keys) for p, v in un.env_file_values(shown["environment_files"], parse_env).items()}
+        shown["environment_names"] = sorted(shown["environment"])
+        shown["environment"] = un.only(shown["environment"], keys)
+        for source in sources:
+            if source["settings"]["environment"] is not None:
+                source["settings"]["environment"] = un.only(source["settings"]["environment"], keys)
+        main_pid = shown["main_pid"]
+    process, tree = None, []
+    if main_pid:
+        process = _proc.describe(main_pid, proc_root)
+        if process["environ"] is not None:
+            process["environ_names"] = sorted(process["environ"])
+            process["environ"] = un.only(process["environ"], keys)
+        tree = sorted(_proc.process_tree(main_pid, proc_root, cgroup=(shown or {}).get("control_group")))
+    return {"unit": shown, "sources": sources, "env_files": env_files, "process": process, "tree": tree}
+
+
+def _repair_of(lines) -> dict:
+    """``{repair, fix}`` of an item's lines: a refusal wins over a restart (the restart would not mend it)."""
+    refused = [words for repair, words in lines if repair == REFUSE]
+    if refused:
+        return {
+            "repair": REFUSE,
+            "fix": (
+                f"{'; '.join(refused)}: the collection does not remove settings it did not write; remove that "
+                f"override (or the line of it that sets what the profile manages), run systemctl daemon-reload, "
+                f"then run the upgrade again"
+            ),
+        }
+    return {"repair": RESTART if lines else None}
+
+
+def repairs(items) -> dict:
+    """``{restart, refuse}``: whether a re-run must restart the unit, and the fix of each item it must refuse."""
+    return {
+        "restart": any(i.get("repair") == RESTART for i in items if not i["ok"]),
+        "refuse": [i["fix"] for i in items if not i["ok"] and i.get("repair") == REFUSE],
+    }
 
 
 # --------------------------------------------------------------------------- verdict

@@ -13,6 +13,9 @@ a venv's ``bin/python`` is a link to the base interpreter, and ``/proc/<pid>/exe
 kernel (it names ``/usr/bin/python3.12``, not the venv). So the started path (``argv[0]``, which systemd
 requires to be absolute) is walked up, without resolving links, to the folder that holds ``pyvenv.cfg``;
 ``argv[0]`` is trusted only when it leads to the same file as ``exe`` (a process may set its own argv[0]).
+A path through a link (``current``) says where the link points now, not where it pointed when the process
+started: the venv whose site-packages the process has mapped (its compiled extensions, /proc/<pid>/maps, resolved
+when they were loaded) is the one it runs from, so that one is ``venv_real`` when there is one.
 """
 
 from __future__ import annotations
@@ -65,10 +68,16 @@ def children_map(proc_root="/proc") -> dict:
 
 
 def cgroup_members(cgroup, cgroup_root="/sys/fs/cgroup") -> set:
-    """The pids of a cgroup (v2) and of every cgroup below it: a unit's ``ControlGroup`` (/system.slice/x.service)."""
-    base = os.path.join(cgroup_root, str(cgroup).lstrip("/"))
+    """The pids of a cgroup and of every cgroup below it: a unit's ``ControlGroup`` (/system.slice/x.service).
+
+    Under cgroup v2 the path is below the root; under v1 (hybrid) systemd keeps its tree under ``unified`` or
+    ``systemd``: the first of those that holds the path is read.
+    """
+    rel = str(cgroup).lstrip("/")
+    bases = [os.path.join(cgroup_root, sub, rel) for sub in ("", "unified", "systemd")]
+    base = next((b for b in bases if os.path.isdir(b)), None)
     pids = set()
-    for folder, _dirs, files in os.walk(base):
+    for folder, _dirs, files in os.walk(base) if base else ():
         if "cgroup.procs" not in files:
             continue
         try:
@@ -174,12 +183,33 @@ def started_path(cmdline, exe, env, cwd):
     return None, None
 
 
+def mapped_venv(maps_text):
+    """The venv of the first file mapped from a ``<venv>/lib*/pythonX.Y/site-packages/`` folder, from the text of
+    /proc/<pid>/maps; None when the process maps nothing from a site-packages folder."""
+    for line in (maps_text or "").splitlines():
+        fields = line.split(None, 5)
+        path = fields[5] if len(fields) == 6 else ""
+        marker = path.find("/site-packages/")
+        if not path.startswith("/") or marker < 0:
+            continue
+        # <venv>/lib/python3.12/site-packages/... : two folders above site-packages
+        lib = os.path.dirname(path[:marker])
+        venv = os.path.dirname(lib)
+        if os.path.basename(lib) not in ("lib", "lib64"):
+            continue
+        # A system interpreter's site-packages (/usr/local/lib/python3.12/site-packages) is no venv.
+        if path.endswith(DELETED) or os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+            return venv
+    return None
+
+
 def describe(pid, proc_root="/proc") -> dict:
     """What process ``pid`` is: its executable, command line, environment, working folder and the venv it runs from.
 
     Returns ``{pid, running, exe, exe_deleted, cmdline, environ, cwd, started_as, venv, venv_from, venv_real,
-    errors}``; a field that could not be read is None and ``errors`` holds ``{field: reason}`` (reading another
-    user's environment needs root).
+    errors}``: ``venv`` is the venv as started (through its links), ``venv_real`` the folder it runs from
+    (``venv_from``: ``maps``, ``argv0`` or ``exe``); a field that could not be read is None and ``errors`` holds
+    ``{field: reason}`` (reading another user's environment needs root).
     """
     base = os.path.join(proc_root, str(pid))
     out = {
@@ -218,4 +248,12 @@ def describe(pid, proc_root="/proc") -> dict:
     venv = find_venv(path)
     if venv:
         out["venv"], out["venv_from"], out["venv_real"] = venv, source, os.path.realpath(venv)
+    try:
+        mapped = mapped_venv(_read(os.path.join(base, "maps")).decode("utf-8", "surrogateescape"))
+    except OSError:
+        mapped = None
+    if mapped:
+        # A deleted venv's files are still mapped, named with " (deleted)": the folder names stay readable.
+        out["venv_real"], out["venv_from"] = mapped, "maps"
+        out["venv"] = out["venv"] or mapped
     return out

@@ -155,3 +155,33 @@ def test_a_stat_line_that_is_not_understood_is_left_out(proc):
     add_process(proc, 8, 7)
     assert _proc.stat_ppid(7, str(proc)) is None
     assert _proc.process_tree(7, proc_root=str(proc)) == {7, 8}
+
+
+def test_the_mapped_site_packages_name_the_venv_run_even_after_current_moved(proc, venv, tmp_path):
+    """current was switched to another venv after the server started: its mapped extensions say which it runs."""
+    newer = tmp_path / "srv" / "venvs" / "cu130-new"
+    (newer / "bin").mkdir(parents=True)
+    (newer / "pyvenv.cfg").write_text("")
+    os.symlink(venv["base"], newer / "bin" / "python")
+    (tmp_path / "srv" / "current").unlink()
+    os.symlink(newer, tmp_path / "srv" / "current")
+    folder = add_process(
+        proc, 100, 1, cmdline=[str(venv["current"] / "bin" / "python")], exe=str(venv["base"]), cwd="/"
+    )
+    so = f"{venv['real']}/lib/python3.12/site-packages/torch/lib/libtorch.so"
+    (folder / "maps").write_text(
+        "7f0000000000-7f0000001000 r-xp 00000000 fd:01 42  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        f"7f0000002000-7f0000003000 r-xp 00000000 fd:01 43  {so}\n"
+    )
+    got = _proc.describe(100, proc_root=str(proc))
+    assert got["venv"] == str(venv["current"])
+    assert got["venv_real"] == str(venv["real"])
+    assert got["venv_from"] == "maps"
+
+
+def test_mapped_venv_needs_a_venv_or_a_deleted_file(tmp_path):
+    system = "7f00-7f01 r-xp 0 fd:01 1 /usr/local/lib/python3.12/site-packages/yaml/_yaml.so\n"
+    assert _proc.mapped_venv(system) is None
+    gone = "7f00-7f01 r-xp 0 fd:01 1 /srv/venvs/old/lib/python3.12/site-packages/x.so (deleted)\n"
+    assert _proc.mapped_venv(gone) == "/srv/venvs/old"
+    assert _proc.mapped_venv("7f00-7f01 rw-p 0 0:0 0 [heap]\n") is None
