@@ -2,7 +2,18 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Talking to package indexes: project listings (PEP 691 JSON, else PEP 503 HTML), wheel METADATA
-(PEP 658 file, else an HTTP range read of the wheel's zip directory) and verified downloads."""
+(PEP 658 file, else an HTTP range read of the wheel's zip directory) and verified downloads.
+
+What real indexes do that a listing must survive:
+- a static page lists one file name several times with different sha256 when the file was republished (the
+  sgl-kernel cu130 page lists one wheel five times): only the newest is served, so the listing keeps the newest
+  entry (the last on a PEP 503 page; on PEP 691 the latest upload-time when every entry has one) and remembers
+  every hash it listed (``Candidate.listed_hashes``); the download then locks the hash the served file has;
+- an index answers 403, not 404, for a project it does not carry (PyTorch's): the listing is empty and the index
+  is noted as not carrying it (``Fetcher.not_carried``), the plan goes on with the other indexes;
+- a link may carry no sha256 (PyTorch's nightly pages carry none): the file is downloaded once on the
+  controller and hashed (``settle_hashes``), and that hash is locked.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +56,7 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 USER_AGENT = "gpufleet-wheel-plan/1"
 HEAD_WORKERS = 8  # concurrent HEAD requests when dating builds by Last-Modified
+NOT_CARRIED = (403, 404)  # statuses of a project listing that mean "this index does not carry it"
 
 
 class IndexUnreachable(PlanError):
@@ -64,6 +76,7 @@ class Fetcher:
         self.requests = 0
         self.bytes_in = 0
         self.downloads = []
+        self.not_carried = {}  # (index, canonical project) -> "HTTP 403"
         self._lock = threading.Lock()
 
     def _count(self, requests=0, nbytes=0):
@@ -85,7 +98,9 @@ class Fetcher:
         )
 
     def listing(self, index: str, base_url: str, project: str) -> list:
-        """Every wheel the index lists for a project; an empty list when the index does not carry it."""
+        """Every wheel the index lists for a project, one entry per file name (``collapse_republished``); an empty
+        list when the index does not carry it (HTTP 404, or 403 as an index on a bucket that may not be listed
+        answers), noted in ``not_carried``."""
         url = directory_index(f"{base_url.rstrip('/')}/{canonicalize_name(project)}/")
         try:
             with self._open(url, {"Accept": ACCEPT}) as resp:
@@ -93,7 +108,9 @@ class Fetcher:
                 ctype = resp.headers.get("Content-Type", "")
                 final = resp.geturl()
         except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+            if exc.code in NOT_CARRIED:
+                with self._lock:
+                    self.not_carried[(index, canonicalize_name(project))] = f"HTTP {exc.code}"
                 return []
             raise IndexUnreachable(f"index {index!r} ({base_url}) answered HTTP {exc.code} for {url}") from exc
         except (urllib.error.URLError, OSError) as exc:
@@ -104,8 +121,8 @@ class Fetcher:
             ) from exc
         self._count(nbytes=len(body))
         if JSON_TYPE in ctype:
-            return parse_project_json(json.loads(body), final, index)
-        return parse_project_html(body.decode("utf-8", "replace"), final, index)
+            return collapse_republished(parse_project_json(json.loads(body), final, index))
+        return collapse_republished(parse_project_html(body.decode("utf-8", "replace"), final, index))
 
     def date_undated(self, cands: list) -> None:
         """Give candidates without upload-time or dev date the file's Last-Modified: one HEAD request each,
@@ -165,11 +182,18 @@ class Fetcher:
         """Fetch ``url`` to ``dest`` unless a file with that sha256 is already there. True if it was fetched.
         With ``record`` (the HashRecord of dest's folder) a file already there is hashed only if it changed since its
         hash was recorded, and a fetched file's hash is recorded."""
-        sha256 = sha256.lower()
-        if os.path.exists(dest):
+        return self.download_verified(url, dest, (sha256,), record)[0]
+
+    def download_verified(self, url: str, dest: str, accept: tuple, record: HashRecord | None = None) -> tuple:
+        """Fetch ``url`` to ``dest``; ``(fetched, sha256)`` with the sha256 the file has. ``accept``: the hashes the
+        index lists for it (several for a republished file name), the file must have one of them; empty for a link
+        that lists none, whose file is then taken as served and hashed here. A file already at ``dest`` with an
+        accepted hash is kept (``record`` as in ``download``)."""
+        accept = tuple(h.lower() for h in accept if h)
+        if os.path.exists(dest) and accept:
             there = record.sha256(os.path.basename(dest)) if record else file_sha256(dest)
-            if there == sha256:
-                return False
+            if there in accept:
+                return False, there
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".part-")
         digest = hashlib.sha256()
@@ -179,22 +203,94 @@ class Fetcher:
                     digest.update(chunk)
                     out.write(chunk)
                     self._count(nbytes=len(chunk))
-            if digest.hexdigest() != sha256:
+            got = digest.hexdigest()
+            if accept and got not in accept:
+                listed = (
+                    f"the lock (from the index listing) says sha256 {accept[0]}"
+                    if len(accept) == 1
+                    else f"the index lists the file name {len(accept)} times (republished), with sha256 "
+                    + ", ".join(accept)
+                )
                 raise HashMismatch(
-                    f"hash mismatch for {url}: the lock (from the index listing) says sha256 {sha256}, the file"
-                    f" served has {digest.hexdigest()}; the index lists a stale hash or the file was replaced."
-                    " Re-run the plan once the index is consistent; nothing was installed."
+                    f"hash mismatch for {url}: {listed}, the file served has {got}; the index lists a stale hash"
+                    " or the file was replaced. Re-run the plan once the index is consistent; nothing was installed."
                 )
             os.replace(tmp, dest)
             if record:
-                record.note(os.path.basename(dest), sha256)
+                record.note(os.path.basename(dest), got)
         except (urllib.error.URLError, OSError) as exc:
             raise IndexUnreachable(f"download of {url} failed: {getattr(exc, 'reason', exc)}") from exc
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         self.downloads.append(url)
-        return True
+        return True, got
+
+
+def collapse_republished(cands: list) -> list:
+    """One candidate per file name. A name listed again with another sha256 was republished and only its newest
+    body is served: keep the newest entry, the one with the latest upload-time when every entry has one (PEP 700),
+    else the last listed (static pages append), and keep every listed hash on it (``listed_hashes``, page order)."""
+    by_name = {}
+    for pos, cand in enumerate(cands):
+        by_name.setdefault(cand.filename, []).append((pos, cand))
+    kept = []
+    for entries in by_name.values():
+        if all(c.upload_time for _p, c in entries):
+            pos, newest = max(entries, key=lambda pc: (pc[1].upload_time, pc[0]))
+        else:
+            pos, newest = entries[-1]
+        hashes = tuple(dict.fromkeys(c.sha256 for _p, c in entries if c.sha256))
+        if len(hashes) > 1:
+            newest.listed_hashes = hashes
+        kept.append((pos, newest))
+    return [c for _p, c in sorted(kept, key=lambda pc: pc[0])]
+
+
+def settle_hashes(fetcher: Fetcher, chosen: dict, wheelhouse: str | None, record: HashRecord | None) -> dict:
+    """Download the chosen wheels whose listing does not settle their hash: a link without a sha256 (hashed here)
+    and a republished file name (checked against every hash listed for it). Each is downloaded once, into the
+    wheelhouse when there is one (the fetch then reuses it), else into a temporary folder removed afterwards, and
+    its ``sha256`` set to the hash the file has. Returns per chosen key what was done, for the report."""
+    todo = {k: c for k, c in chosen.items() if not c.sha256 or c.listed_hashes}
+    notes = {}
+    if not todo:
+        return notes
+    with tempfile.TemporaryDirectory(prefix="gpufleet-hash-") as scratch:
+        for key, cand in todo.items():
+            folder = wheelhouse or scratch
+            accept = cand.listed_hashes or ((cand.sha256,) if cand.sha256 else ())
+            fetched, sha = fetcher.download_verified(
+                cand.url, os.path.join(folder, cand.filename), accept, record if wheelhouse else None
+            )
+            if cand.listed_hashes:
+                notes[key] = {
+                    "kind": "republished",
+                    "filename": cand.filename,
+                    "index": cand.index,
+                    "listed": list(cand.listed_hashes),
+                    "entry": cand.listed_hashes.index(sha) + 1,
+                    "sha256": sha,
+                }
+            else:
+                notes[key] = {"kind": "unhashed", "filename": cand.filename, "index": cand.index, "sha256": sha}
+            notes[key]["downloaded"] = fetched
+            cand.sha256 = sha
+    return notes
+
+
+def hash_note(note: dict) -> str:
+    """One line of the plan report for a settle_hashes note."""
+    if note["kind"] == "republished":
+        return (
+            f"{note['filename']} is republished on index {note['index']!r}: listed {len(note['listed'])} times with"
+            f" distinct sha256; planned the newest entry; the file served matched entry {note['entry']} of"
+            f" {len(note['listed'])}, sha256 {note['sha256']} (locked, verified by download)"
+        )
+    return (
+        f"{note['filename']}: index {note['index']!r} lists no sha256 for it; downloaded once on the controller and"
+        f" hashed: sha256 {note['sha256']} (locked)"
+    )
 
 
 def directory_index(url: str) -> str:

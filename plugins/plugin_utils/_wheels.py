@@ -61,6 +61,7 @@ class Candidate:
     metadata_url: str | None = None
     last_modified: _dt.datetime | None = None
     build: tuple = ()  # PEP 427 build tag, (number, suffix) or (): a rebuild of one version sorts by it
+    listed_hashes: tuple = ()  # a republished file name: every sha256 its listing gave, page order (_index)
 
     @property
     def date(self) -> _dt.date | None:
@@ -87,6 +88,7 @@ class Candidate:
             "version": str(self.version),
             "date": self.date.isoformat() if self.date else None,
             "date_source": self.date_source,
+            **({"republished": len(self.listed_hashes)} if self.listed_hashes else {}),
         }
 
 
