@@ -33,7 +33,14 @@ description:
     disagrees with its file name is rejected (METADATA read via PEP 658 when the index offers it, else by HTTP
     range reads of the wheel's zip directory).
   - Dependencies of the chosen wheels are resolved by C(uv pip compile) over the profile's own indexes, with the
-    chosen files as direct references, and locked the same way.
+    chosen files as direct references, and locked the same way. Each dependency takes its best version over all of
+    those indexes (C(--index-strategy unsafe-best-match)), or comes from the one index C(wheels.dependency_indexes)
+    names for it.
+  - Before the lock is written it must keep two rules (refused otherwise, naming the packages, versions and fix).
+    Companions (C(wheels.rules.companions), and compiled wheels whose METADATA pins torch exactly) pair with the
+    locked release of what they are built against; every package built for a CUDA release (local tag C(cuNNN), a
+    C(-cuNN) name, NVIDIA's CUDA libraries, C(cuda-python)/C(cuda-bindings), torch by the libraries it requires) is
+    built for the profile's C(cuda.version) major unless C(wheels.rules.cuda_exceptions) allows it with a reason.
   - Writes the lock to O(controller_dir)C(/locks/<profile>-<hash12>.json) with a human report beside it, downloads
     every locked wheel once into O(controller_dir)C(/wheelhouse) (sha256 verified) and sets the fact
     C(gpufleet_wheel_lock).
@@ -134,6 +141,11 @@ lock:
     report:
       description: Per profile package the choice, why, the sources with staleness (C(stale), C(undatable),
         C(reason), C(newest), C(newest_release)), the pins overrides replaced and every candidate seen.
+      type: dict
+    lock_rules:
+      description: What the lock rules found, C(cuda) (per package the CUDA major it is built for and how that was
+        read), C(cuda_allowed) (mismatches the profile allows, with its reason) and C(companions) (each pair
+        checked, C(by) the profile's table or the METADATA pin).
       type: dict
     wheelhouse:
       description: Controller folder holding every locked wheel.

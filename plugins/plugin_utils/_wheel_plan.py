@@ -12,6 +12,7 @@ that fits the hosts.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import pathlib
 import shutil
@@ -23,6 +24,7 @@ import traceback
 import tomllib
 
 try:
+    from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     HAS_PACKAGING = True
@@ -31,18 +33,22 @@ except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a c
     HAS_PACKAGING = False
     PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import (
-    Fetcher,
-    HashRecord,
-    hash_note,
-    settle_hashes,
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher, HashRecord
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._lock_rules import (
+    companions_from_profile,
+    judge_lock,
+    metadata_wanted,
+    parse_uv_graph,
 )
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._lock_rules import report_lines as lock_rule_lines
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     LOCK_SCHEMA,
     PlanError,
     Target,
     dating_needed,
+    declared_requirements,
     lock_hash,
+    make_candidate,
     override_records,
     pick_file,
     resolve_plan,
@@ -57,20 +63,8 @@ def probe(fetcher: Fetcher, wheels: dict, rules_by_pkg: list, target: Target) ->
     urls = {i["name"]: i["url"] for i in wheels["indexes"]}
     cands = []
     for rule in rules_by_pkg:
-        listed = []
         for index in rule.indexes:
-            listed.extend(fetcher.listing(index, urls[index], rule.name))
-        absent = [
-            f"{i!r} ({fetcher.not_carried[(i, rule.key)]})"
-            for i in rule.indexes
-            if (i, rule.key) in fetcher.not_carried
-        ]
-        if not listed and len(absent) == len(rule.indexes):
-            raise PlanError(
-                f"no index of {rule.name} carries it: {', '.join(absent)} answered that the project is not there"
-                " (not carried by this index); add an index that carries it to the package's indexes"
-            )
-        cands.extend(listed)
+            cands.extend(fetcher.listing(index, urls[index], rule.name))
     fetcher.date_undated(dating_needed(rules_by_pkg, cands, target))
     return cands
 
@@ -94,41 +88,90 @@ def uv_compile(
 
     ``overrides`` (requirement strings: the profile's wheels.overrides, a chosen profile package as ``name @ url``)
     go to uv as ``--overrides``: they replace what any package's METADATA pins on those packages, dependencies of
-    dependencies included."""
+    dependencies included. Where the indexes are searched is ``uv_args``'s business."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as tmp:
+        out = os.path.join(tmp, "pylock.toml")
+        _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, ["--format", "pylock.toml", "-o", out])
+        with open(out, "rb") as handle:
+            return tomllib.load(handle).get("packages", [])
+
+
+def uv_graph(
+    uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600, overrides: list = ()
+) -> dict:
+    """The dependency graph of the same resolution as ``uv_compile`` ({package: [packages that require it]}), read
+    from uv's own "# via" annotations: a pylock records no dependencies. uv answers it from the metadata it cached
+    while resolving."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as tmp:
+        out = os.path.join(tmp, "requirements.txt")
+        _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, ["--annotation-style", "line", "-o", out])
+        with open(out) as handle:
+            return parse_uv_graph(handle.read())
+
+
+def uv_args(wheels: dict, target: Target) -> list:
+    """Where uv looks: the profile's default index (``is_default``, else its last) and every other one, by best
+    version across all of them (``--index-strategy unsafe-best-match``): uv's default takes a package from the first
+    index that lists it, so an index that mirrors a dependency in old versions only (a CUDA index's torchao) would
+    hide every newer one. All of them are the profile's own indexes, which the profile trusts. Profile packages are
+    not looked up at all: each is given as the exact file the plan chose from the indexes the profile names for it."""
     indexes = wheels["indexes"]
     default = next((i for i in indexes if i.get("is_default")), indexes[-1])
-    args = [uv, "pip", "compile", "--no-config", "--no-build", "--quiet", "--default-index", default["url"]]
+    args = ["pip", "compile", "--no-config", "--no-build", "--quiet", "--index-strategy", "unsafe-best-match"]
+    args += ["--default-index", default["url"]]
     for index in indexes:
         if index is not default:
             args += ["--index", index["url"]]
-    args += ["--python-version", target.python_version, "--python-platform", uv_platform(target.platform)]
+    return [*args, "--python-version", target.python_version, "--python-platform", uv_platform(target.platform)]
+
+
+def plan_project(requirements: list, wheels: dict) -> str:
+    """The pyproject.toml uv resolves: the requirements as the project's dependencies, and each of the profile's
+    ``dependency_indexes`` as a dependency taken from that one index only (an explicit index with a
+    ``tool.uv.sources`` entry; uv honours sources for a project's direct dependencies, so each is one)."""
+    pinned = wheels.get("dependency_indexes") or {}
+    urls = {i["name"]: i["url"] for i in wheels["indexes"]}
+    deps = list(requirements) + [name for name in pinned if canonicalize_name(name) not in _names(requirements)]
+    lines = ["[project]", 'name = "gpufleet-plan"', 'version = "0"', f"dependencies = {json.dumps(deps)}"]
+    if pinned:
+        lines.append("[tool.uv.sources]")
+        lines += [
+            f"{json.dumps(name)} = {{ index = {json.dumps('gpufleet-' + index)} }}" for name, index in pinned.items()
+        ]
+        for index in sorted(set(pinned.values())):
+            lines += [
+                "[[tool.uv.index]]",
+                f"name = {json.dumps('gpufleet-' + index)}",
+                f"url = {json.dumps(urls[index])}",
+            ]
+            lines.append("explicit = true")
+    return "\n".join(lines) + "\n"
+
+
+def _names(requirements: list) -> set:
+    return {canonicalize_name(Requirement(r).name) for r in requirements}
+
+
+def _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, output_args):
     # Only the cache location may come from the environment: index settings would bypass the profile.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_")) or k == "UV_CACHE_DIR"}
-    with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as tmp:
-        req_in = os.path.join(tmp, "requirements.in")
-        with open(req_in, "w") as handle:
-            handle.write("\n".join(requirements) + "\n")
-        if overrides:
-            overrides_txt = os.path.join(tmp, "overrides.txt")
-            with open(overrides_txt, "w") as handle:
-                handle.write("\n".join(overrides) + "\n")
-            args += ["--overrides", overrides_txt]
-        out = os.path.join(tmp, "pylock.toml")
-        proc = subprocess.run(
-            [*args, "--format", "pylock.toml", "-o", out, req_in],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-            check=False,
+    project = os.path.join(tmp, "pyproject.toml")
+    with open(project, "w") as handle:
+        handle.write(plan_project(requirements, wheels))
+    args = [uv, *uv_args(wheels, target)]
+    if overrides:
+        overrides_txt = os.path.join(tmp, "overrides.txt")
+        with open(overrides_txt, "w") as handle:
+            handle.write("\n".join(overrides) + "\n")
+        args += ["--overrides", overrides_txt]
+    proc = subprocess.run(
+        [*args, *output_args, project], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise PlanError(
+            "uv could not resolve the dependencies of the chosen wheels over the profile's indexes"
+            f" ({', '.join(i['name'] for i in wheels['indexes'])}): {proc.stderr.strip()}"
         )
-        if proc.returncode != 0:
-            raise PlanError(
-                "uv could not resolve the dependencies of the chosen wheels over the profile's indexes"
-                f" ({', '.join(i['name'] for i in indexes)}): {proc.stderr.strip()}"
-            )
-        with open(out, "rb") as handle:
-            return tomllib.load(handle).get("packages", [])
 
 
 def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
@@ -173,11 +216,16 @@ def make_lock(
     wheels = profile["wheels"]
     rules_by_pkg, rules = rules_from_profile(wheels)
     cands = probe(fetcher, wheels, rules_by_pkg, target)
-    chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, fetcher.metadata, today=today)
-    record = HashRecord(wheelhouse) if wheelhouse else None
-    # A link without a sha256 or a republished file name: the lock takes the hash of the file the index serves.
-    note_listings(report, rules_by_pkg, fetcher, settle_hashes(fetcher, chosen, wheelhouse, record))
+    metadata_of = _metadata_memo(fetcher)
+    chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, metadata_of, today=today)
+    for cand in chosen.values():
+        if not cand.sha256:
+            raise PlanError(
+                f"index {cand.index!r} lists {cand.filename} without a sha256; the lock requires hashes."
+                " Use an index that publishes hashes (PEP 503 #sha256= or PEP 691 hashes)."
+            )
     pins = {}
+    record = HashRecord(wheelhouse) if wheelhouse else None
     for key, cand in chosen.items():
         if wheelhouse:
             path = os.path.join(wheelhouse, cand.filename)
@@ -193,6 +241,9 @@ def make_lock(
     overrides = [pins.get(key, str(o.requirement)) for key, o in rules.overrides.items()]
     pins = list(pins.values())
     packages = lock_entries(uv_compile(uv, pins, wheels, target, overrides=overrides), chosen, target, "dependency")
+    rules_report = finish_lock(
+        profile, packages, uv_graph(uv, pins, wheels, target, overrides=overrides), target, metadata_of
+    )
     tool_entries = lock_entries(uv_compile(uv, list(tools), wheels, target), {}, target, "tool") if tools else []
     digest = lock_hash(packages, target)
     return {
@@ -208,19 +259,34 @@ def make_lock(
         "tools": tool_entries,
         "overrides": override_records(rules, report),
         "report": report,
+        "lock_rules": rules_report,
     }
 
 
-def note_listings(report: dict, rules_by_pkg: list, fetcher: Fetcher, hashes: dict) -> None:
-    """Into the plan report: per package the hash settled by download (``_index.settle_hashes``) and the indexes
-    that do not carry it (``Fetcher.not_carried``: an HTTP 403 or 404 for its listing)."""
-    for rule in rules_by_pkg:
-        rep = report[rule.name]
-        if rule.key in hashes:
-            rep["hash"] = hashes[rule.key]
-        for index in rule.indexes:
-            if (index, rule.key) in fetcher.not_carried:
-                rep["sources"][index] = dict(rep["sources"][index], not_carried=fetcher.not_carried[(index, rule.key)])
+def _metadata_memo(fetcher: Fetcher):
+    """fetcher.metadata read once per file: the plan and the lock rules both read a chosen wheel's METADATA."""
+    seen = {}
+
+    def metadata_of(cand):
+        if cand.filename not in seen:
+            seen[cand.filename] = fetcher.metadata(cand)
+        return seen[cand.filename]
+
+    return metadata_of
+
+
+def finish_lock(profile: dict, packages: list, graph: dict, target: Target, metadata_of) -> dict:
+    """The lock rules (``_lock_rules.judge_lock``: companions paired, one CUDA major) over the resolved packages,
+    before anything is written: raises LockRefused naming the pair or the package and who required it. METADATA is
+    read only for the packages the pairing needs (the profile's companions, compiled wheels that require torch)."""
+    companions = companions_from_profile(profile["wheels"].get("rules") or {})
+    by_name = {e["name"]: e for e in packages}
+    requires = {}
+    for name in metadata_wanted(packages, companions, graph):
+        entry = by_name[name]
+        cand = make_candidate(entry.get("index") or "lock", entry["filename"], entry["url"])
+        requires[name] = declared_requirements(metadata_of(cand), target)
+    return judge_lock(packages, graph, requires, profile)
 
 
 def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str) -> dict:
@@ -267,9 +333,6 @@ def report_lines(lock: dict) -> list:
     for name, rep in lock["report"].items():
         lines.append(f"{name}: {rep['why']}")
         for index, src in rep["sources"].items():
-            if src.get("not_carried"):
-                lines.append(f"  source {index}: not carried by this index ({src['not_carried']} for the project)")
-                continue
             if src["stale"]:
                 state = f"STALE ({src['reason']})"
             elif src["undatable"]:
@@ -280,13 +343,9 @@ def report_lines(lock: dict) -> list:
                 f"  source {index}: {src['count']} file(s), newest build {src['newest'] or 'undated'}"
                 f" (release {src.get('newest_release') or '-'}): {state}"
             )
-        if rep.get("hash"):
-            lines.append(f"  {hash_note(rep['hash'])}")
         for cand in rep["candidates"]:
-            again = f", republished: {cand['republished']} hashes listed" if cand.get("republished") else ""
-            lines.append(
-                f"    {cand['index']}: {cand['filename']} ({cand['date'] or 'undated'}{again}): {cand['status']}"
-            )
+            lines.append(f"    {cand['index']}: {cand['filename']} ({cand['date'] or 'undated'}): {cand['status']}")
+    lines += lock_rule_lines(lock.get("lock_rules") or {})
     deps = [e for e in lock["packages"] if e["role"] == "dependency"]
     if deps:
         lines.append("dependencies (resolved by uv): " + ", ".join(f"{e['name']}=={e['version']}" for e in deps))

@@ -9,8 +9,6 @@ The wheelhouses are built here, so the test does not depend on the lab.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
@@ -19,7 +17,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,11 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _index as 
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheel_plan as wp
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as w
 
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from lab.tiny_wheel import tiny_wheel  # noqa: E402
+
 DAY = 86400
 TARGET = w.Target("3.11", "x86_64-manylinux_2_36")
 PYPI_SERVER = Path(sys.executable).with_name("pypi-server")
@@ -35,23 +37,7 @@ PYPI_SERVER = Path(sys.executable).with_name("pypi-server")
 
 def build_wheel(folder: Path, name: str, version: str, age_days: int, requires=(), meta_version=None) -> Path:
     """A small but real wheel (installable by uv), its file dated ``age_days`` ago (the index's Last-Modified)."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{dist}/__init__.py": f"__version__ = {version!r}\n",
-        f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-            name, meta_version or version, "".join(f"Requires-Dist: {r}\n" for r in requires)
-        ),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: gpufleet-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    path = folder / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for member, text in files.items():
-            zf.writestr(member, text)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-            record.append(f"{member},sha256={digest},{len(text)}")
-        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    path = tiny_wheel(folder, name, version, requires=requires, meta_version=meta_version)
     stamp = time.time() - age_days * DAY
     os.utime(path, (stamp, stamp))
     return path
@@ -125,6 +111,7 @@ def profile(indexes, spec=">=0.2", allow_stale=False, order=("nightly", "own")):
     return {
         "name": "stale-test",
         "python": {"version": "3.11"},
+        "cuda": {"version": "13.0"},
         "wheels": {
             "indexes": [{"name": k, "url": s.url} for k, s in indexes.items()],
             "packages": pkgs,
@@ -281,7 +268,7 @@ def test_overrides_replace_pins_in_the_plan_and_in_uvs_resolution_and_the_venv_p
         ],
         check=True,
     )
-    script = Path(__file__).resolve().parents[2] / "roles" / "venv_rebuild" / "files" / "verify_venv.py"
+    script = REPO / "roles" / "venv_rebuild" / "files" / "verify_venv.py"
     spec = {"packages": {e["name"]: e["version"] for e in lock["packages"]}}
 
     def verify(names):

@@ -9,6 +9,8 @@ SPEC: {"packages": {name: version}, "imports": [dist], "torch_like": [dist], "cu
 "overrides" names the packages the profile's wheels.overrides pins (uv --override): uv pip check knows no
 overrides, so a conflict it reports on such a package is accepted (and listed) when the installed version is the
 lock's, which the packages check proves; every other conflict fails.
+Besides "imports", every installed distribution with compiled code that requires torch is imported too
+(``compiled_extensions_of``): a torchvision built for another torch fails there, not at the server's start.
 """
 
 from __future__ import annotations
@@ -45,6 +47,31 @@ def top_level_modules(dist_name):
         elif len(parts) == 1 and parts[0].endswith(".py"):
             names.add(parts[0][:-3])
     return sorted(names)
+
+
+def _requires(dist, base):
+    """Whether a distribution requires ``base`` outside any extra (an extra's requirement is not installed)."""
+    for text in dist.requires or []:
+        spec, _sep, marker = text.partition(";")
+        if requirement_name(spec) == base and "extra" not in marker:
+            return True
+    return False
+
+
+def _has_compiled_code(dist):
+    return any(p.name.endswith((".so", ".pyd")) or ".so." in p.name for p in dist.files or [])
+
+
+def compiled_extensions_of(base="torch"):
+    """Installed distributions with compiled code that require ``base``: torchvision, torchaudio, kernel wheels.
+    Their C++ was built against one torch; on another one they fail at import ("operator torchvision::nms does not
+    exist"), which only importing them shows, whether or not the profile names them."""
+    found = set()
+    for dist in md.distributions():
+        name = canon(dist.metadata["Name"] or "")
+        if name and name != base and _requires(dist, base) and _has_compiled_code(dist):
+            found.add(name)
+    return sorted(found)
 
 
 _CONFLICT = re.compile(r"^The package `(?P<by>[^`]+)` requires `(?P<req>[^`]+)`, but `(?P<have>[^`]+)` is installed$")
@@ -91,7 +118,9 @@ def main(spec_text, uv=None):
         if local != tag:
             failures.append(f"{name} {have}: CUDA local tag {local or '(none)'!r}, the profile requires {tag!r}")
     modules = {}
-    for name in spec.get("imports", []):
+    extensions = [n for n in compiled_extensions_of() if n not in {canon(i) for i in spec.get("imports", [])}]
+    checks["torch_extensions"] = extensions
+    for name in list(spec.get("imports", [])) + extensions:
         try:
             mods = top_level_modules(name)
         except md.PackageNotFoundError:
@@ -102,7 +131,12 @@ def main(spec_text, uv=None):
             try:
                 importlib.import_module(mod)
             except Exception as exc:  # an import error of any kind makes the venv unusable
-                failures.append(f"import {mod} (from {name}) failed: {type(exc).__name__}: {exc}")
+                why = (
+                    ", compiled code that requires torch: it must be built for the torch installed"
+                    if name in extensions
+                    else ""
+                )
+                failures.append(f"import {mod} (from {name}{why}) failed: {type(exc).__name__}: {exc}")
     checks["imports"] = modules
     for name in spec.get("torch_like", []):
         for mod in modules.get(name, []):

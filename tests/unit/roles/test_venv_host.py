@@ -32,16 +32,18 @@ vh = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(vh)
 
 
-def make_wheel(folder: Path, name: str = "gf_probe", version: str = "1.0") -> Path:
+def make_wheel(folder: Path, name: str = "gf_probe", version: str = "1.0", requires=(), extra=None) -> Path:
     """A pure-Python wheel of one package (``__init__`` and ``cold``, which nothing imports), its RECORD with real
-    hashes."""
+    hashes; ``extra``: more files of the package ({path in the package: bytes}), ``requires``: its Requires-Dist."""
     dist = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     files = {
         f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
         f"{name}/cold.py": b"def unused():\n    return None\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/METADATA": (metadata + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
+    files.update({f"{name}/{path}": data for path, data in (extra or {}).items()})
     rows = []
     for path, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -258,3 +260,41 @@ def test_the_build_spec_goes_on_stdin_past_the_argument_limit(host, cache):
     answer = json.loads(proc.stdout)
     assert answer["ok"] and answer["changed"] and answer["fetched"] == [wheel.name], answer
     assert not host["serving"].exists(), "check mode wrote to the host"
+
+
+def test_every_compiled_extension_of_torch_is_imported_not_only_the_profile_s(host, cache):
+    """The profile names torch only; uv added two compiled companions of it. The one whose extension does not
+    load (as a torchvision built for another torch fails at import) fails the verify step by name."""
+    root, base = cache
+    broken_so = {"_C.so": b"not an ELF file: built for another torch", "__init__.py": b"from . import _C\n"}
+    wheels = [
+        make_wheel(root, "torch", "2.11.0"),
+        make_wheel(root, "gf_vision", "0.26.0", requires=["torch==2.11.0"], extra={"_C.so": b"unused here"}),
+        make_wheel(root, "gf_audio", "2.11.0", requires=["torch==2.11.0"], extra=broken_so),
+        make_wheel(root, "gf_pure", "1.0", requires=["torch"]),
+        make_wheel(root, "gf_extra", "1.0", requires=['torch; extra == "gpu"'], extra=broken_so),
+    ]
+    spec = spec_for(host, wheels[0], base)
+    entries = [
+        {
+            "name": w.name.split("-")[0].replace("_", "-"),
+            "version": w.name.split("-")[1],
+            "filename": w.name,
+            "sha256": sha(w),
+        }
+        for w in wheels
+    ]
+    spec.update(wheels=entries, lock_text=_lock.requirements_text(entries))
+    spec["verify"] = {"packages": {e["name"]: e["version"] for e in entries}, "imports": ["torch"]}
+    answer = vh.build(spec)
+    assert not answer["ok"] and answer["failed_step"] == "verify", answer
+    checks = answer["verify"]["checks"]
+    # Requires torch and ships a .so: imported. Pure, or torch only for an extra: not a compiled companion.
+    assert checks["torch_extensions"] == ["gf-audio", "gf-vision"]
+    assert checks["imports"]["gf-vision"] == ["gf_vision"]
+    assert [f.split(": ")[:2] for f in answer["verify"]["failures"]] == [
+        [
+            "import gf_audio (from gf-audio, compiled code that requires torch",
+            "it must be built for the torch installed) failed",
+        ]
+    ]

@@ -1,0 +1,392 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Rules a finished wheel lock must keep before it is written: companions paired, one CUDA major. Pure functions.
+
+uv resolves what fits the requirements; an override (the profile's ``wheels.overrides``, as the CUDA 13 stack
+overrides the torch an application pins) frees every package from its pin on the overridden one, and uv then
+takes whatever fits. Two kinds of lock come out of that which install cleanly and fail only when the server
+starts:
+
+- a companion built against another release of the package it extends: torchvision, torchaudio, torchcodec and
+  the kernel wheels (sgl-kernel, sglang-kernel, flashinfer-jit-cache) each load C++ code built against one torch;
+  on another one they fail at import or at their first operator. Pairs come from the profile
+  (``wheels.rules.companions``) and from the companion's own METADATA (an exact ``Requires-Dist: torch==X``).
+- packages built for different CUDA majors: a cu128 companion beside a cu130 torch, ``nvidia-*-cu12`` libraries
+  beside the CUDA 13 ones. Every package built for a CUDA release must be built for the profile's
+  ``cuda.version`` major, unless ``wheels.rules.cuda_exceptions`` allows it with a reason.
+
+The dependency graph (who requires whom) comes from uv's own annotations of the same resolution
+(``parse_uv_graph``), so a refusal names the package and the chain that brought it in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import HAS_PACKAGING, PlanError
+
+if HAS_PACKAGING:  # else the action plugin reports _wheels' import error before it plans anything
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+DEFAULT_WITH = "torch"
+# Where a dependent in uv's "# via" annotation is not a package: the plan's own requirements or an override file.
+ROOT = "the plan's requirements"
+OVERRIDE = "the profile's overrides"
+_LOCAL_CUDA = re.compile(r"^cu(\d{2,3})$")
+_NAME_CUDA = re.compile(r"-cu(?:da)?(\d{2})x?$")  # nvidia-cublas-cu12, cupy-cuda12x
+# NVIDIA's CUDA component wheels without a -cuNN suffix are the CUDA 13 generation (CUDA 12's carry -cu12). Those
+# whose version is the CUDA release they belong to (nvidia-cuda-runtime 13.0.96) are read by version; the
+# libraries numbered on their own (nvidia-cufft 12.0, nvidia-curand 10.4, nvidia-cusolver 12.0, nvidia-cusparse
+# 12.6, nvidia-cufile 1.15) by generation only.
+VERSION_IS_CUDA = frozenset(
+    {
+        "nvidia-cuda-runtime",
+        "nvidia-cuda-nvrtc",
+        "nvidia-cuda-cupti",
+        "nvidia-cuda-nvcc",
+        "nvidia-cuda-cccl",
+        "nvidia-cuda-crt",
+        "nvidia-cuda-cuobjdump",
+        "nvidia-cuda-nvdisasm",
+        "nvidia-cuda-sanitizer-api",
+        "nvidia-cuda-opencl",
+        "nvidia-cublas",
+        "nvidia-nvjitlink",
+        "nvidia-nvtx",
+        "nvidia-nvvm",
+        "nvidia-npp",
+        "nvidia-nvjpeg",
+        "nvidia-nvml-dev",
+        "cuda-python",
+        "cuda-bindings",
+        "cuda-toolkit",
+    }
+)
+UNSUFFIXED_GENERATION = 13
+GENERATION_ONLY = frozenset({"nvidia-cufft", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cufile"})
+# Packages whose own name and version carry no CUDA, built for the CUDA of the NVIDIA libraries they require
+# (a torch from the default index has no local tag; its Requires-Dist names nvidia-cuda-runtime 13.0.x or -cu12).
+BUILT_FOR_REQUIRED_CUDA = frozenset({"torch"})
+
+
+class LockRefused(PlanError):
+    """A lock that breaks a lock rule; the message names both packages, their versions and the fix."""
+
+
+@dataclass
+class Companion:
+    """A package built against one release of another (wheels.rules.companions)."""
+
+    package: str
+    with_: str = DEFAULT_WITH
+    versions: dict = field(default_factory=dict)  # release prefix of with_ -> release prefix of package
+    reason: str = ""
+
+
+# --- the profile's rules ----------------------------------------------------------------------------------
+
+
+def companions_from_profile(rules: dict) -> dict:
+    """wheels.rules.companions as Companion by canonical package name."""
+    out = {}
+    for entry in rules.get("companions") or []:
+        comp = Companion(
+            package=canonicalize_name(entry["package"]),
+            with_=canonicalize_name(entry.get("with") or DEFAULT_WITH),
+            versions={str(k): str(v) for k, v in (entry.get("versions") or {}).items()},
+            reason=str(entry.get("reason") or ""),
+        )
+        out[comp.package] = comp
+    return out
+
+
+def exceptions_from_profile(rules: dict) -> dict:
+    """wheels.rules.cuda_exceptions as {canonical name: reason}."""
+    return {canonicalize_name(e["package"]): str(e["reason"]) for e in rules.get("cuda_exceptions") or []}
+
+
+# --- the dependency graph ---------------------------------------------------------------------------------
+
+
+def parse_uv_graph(text: str) -> dict:
+    """{package: [dependents]} from ``uv pip compile --annotation-style line`` output (``name==1.0  # via a, b``).
+    A dependent that is the plan's own requirements file or project becomes ROOT, an override file OVERRIDE."""
+    graph = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "# via " not in line:
+            continue
+        spec, _sep, via = line.partition("# via ")
+        name = re.split(r"\s*(?:===|==|@|\[|;|\s)", spec.strip(), maxsplit=1)[0]
+        dependents = []
+        for item in via.split(", "):
+            item = item.strip()
+            if item.startswith(("--override", "--overrides")):
+                dependents.append(OVERRIDE)
+            elif item.startswith("-r ") or item.startswith("-c ") or "(" in item or item.endswith(".toml"):
+                dependents.append(ROOT)
+            elif item:
+                dependents.append(canonicalize_name(re.split(r"[\[\s]", item, maxsplit=1)[0]))
+        graph[canonicalize_name(name)] = sorted(set(dependents))
+    return graph
+
+
+def requirements_of(graph: dict) -> dict:
+    """The reverse of parse_uv_graph: {package: [packages it requires]}."""
+    out = {}
+    for name, dependents in graph.items():
+        for dep in dependents:
+            if dep not in (ROOT, OVERRIDE):
+                out.setdefault(dep, []).append(name)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def required_by(name: str, graph: dict, versions: dict) -> str:
+    """Who brought a package into the lock, in words: its direct dependents, then one chain up to the plan's own
+    requirements (``torchvision 0.24.1 <- sglang 0.5.9 <- the plan's requirements``)."""
+    direct = [d for d in graph.get(name, []) if d != OVERRIDE]
+    if not direct:
+        return "no package of the lock names it (uv's graph has no entry)"
+    chain, seen, here = [], {name}, name
+    while True:
+        ups = [d for d in graph.get(here, []) if d not in seen and d != OVERRIDE]
+        if not ups:
+            break
+        up = ROOT if ROOT in ups else ups[0]
+        chain.append(up if up == ROOT else f"{up} {versions.get(up, '?')}")
+        if up == ROOT:
+            break
+        seen.add(up)
+        here = up
+    shown = ", ".join(d if d == ROOT else f"{d} {versions.get(d, '?')}" for d in direct)
+    return f"required by {shown}" + (f" (chain: {name} <- {' <- '.join(chain)})" if chain else "")
+
+
+# --- CUDA -------------------------------------------------------------------------------------------------
+
+
+def _major_from_digits(digits: str) -> int:
+    """cu130 -> 13, cu128 -> 12, cu118 -> 11, cu92 -> 9: the last digit is the minor release."""
+    return int(digits[:-1])
+
+
+def own_cuda(name: str, version: str) -> tuple | None:
+    """(CUDA major, how it was read) from a package's own name and version, or None when they carry no CUDA."""
+    name = canonicalize_name(name)
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        parsed = None
+    if parsed is not None and parsed.local:
+        for part in parsed.local.split("."):
+            match = _LOCAL_CUDA.match(part)
+            if match:
+                return _major_from_digits(match.group(1)), f"local tag {part}"
+    match = _NAME_CUDA.search(name)
+    if match and (name.startswith("nvidia-") or "cuda" in name or name.startswith("cupy")):
+        return int(match.group(1)), f"name suffix {match.group(0)}"
+    if name in VERSION_IS_CUDA and parsed is not None:
+        return parsed.release[0], f"version {version} ({name} is numbered by the CUDA release)"
+    if name in GENERATION_ONLY:
+        return UNSUFFIXED_GENERATION, f"unsuffixed NVIDIA library (CUDA 12's are {name}-cu12)"
+    return None
+
+
+def cuda_table(entries: list, graph: dict) -> dict:
+    """{package: {"version", "cuda" (major), "from"}} for every package of the lock built for a CUDA release."""
+    versions = {e["name"]: e["version"] for e in entries}
+    table = {}
+    for entry in entries:
+        found = own_cuda(entry["name"], entry["version"])
+        if found:
+            table[entry["name"]] = {"version": entry["version"], "cuda": found[0], "from": found[1]}
+    needs = requirements_of(graph)
+    for entry in entries:
+        if entry["name"] in table or entry["name"] not in BUILT_FOR_REQUIRED_CUDA:
+            continue
+        libs = {dep: table[dep]["cuda"] for dep in needs.get(entry["name"], []) if dep in table}
+        if libs:
+            majors = sorted(set(libs.values()))
+            shown = ", ".join(f"{d} {versions[d]}" for d in sorted(libs))
+            table[entry["name"]] = {
+                "version": entry["version"],
+                "cuda": majors[0] if len(majors) == 1 else majors,
+                "from": f"the CUDA libraries it requires ({shown})",
+            }
+    return table
+
+
+def judge_cuda(table: dict, cuda_version: str, exceptions: dict, graph: dict, versions: dict) -> tuple:
+    """(problems, allowed): packages built for another CUDA major than the profile's, each named with who required
+    it; those the profile allows (cuda_exceptions) are listed apart with the profile's reason."""
+    want = int(str(cuda_version).split(".")[0])
+    problems, allowed = [], []
+    for name in sorted(table):
+        row = table[name]
+        if row["cuda"] == want:
+            continue
+        built = row["cuda"] if isinstance(row["cuda"], int) else " and ".join(str(m) for m in row["cuda"])
+        seen = f"{name} {row['version']} is built for CUDA {built} ({row['from']})"
+        if name in exceptions:
+            allowed.append(f"{seen}: allowed by wheels.rules.cuda_exceptions: {exceptions[name]}")
+            continue
+        problems.append(
+            f"{seen}, the profile's CUDA is {cuda_version}; {required_by(name, graph, versions)}. Fix: pin or override"
+            f" the package that requires it to a CUDA {want} build (an index or local tag of CUDA {want}), or allow it"
+            f" with wheels.rules.cuda_exceptions: [{{package: {name}, reason: ...}}]"
+        )
+    return problems, allowed
+
+
+# --- companions -------------------------------------------------------------------------------------------
+
+
+def is_platform_wheel(filename: str) -> bool:
+    """Whether a wheel carries compiled code for a platform (its tags name one), as kernel wheels and torchvision
+    do; a py3-none-any wheel is built against nothing."""
+    try:
+        _name, _version, _build, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return False
+    return any(tag.platform != "any" for tag in tags)
+
+
+def metadata_wanted(entries: list, companions: dict, graph: dict) -> list:
+    """Packages of the lock whose METADATA the pairing check reads: the profile's companions, and every compiled
+    wheel that requires a package companions are built against (torch by default), such as a kernel wheel."""
+    names = {e["name"] for e in entries}
+    withs = {DEFAULT_WITH} | {c.with_ for c in companions.values()}
+    needs = requirements_of(graph)
+    out = []
+    for entry in entries:
+        name = entry["name"]
+        if name in companions and companions[name].with_ in names:
+            out.append(name)
+        elif is_platform_wheel(entry["filename"]) and set(needs.get(name, [])) & withs:
+            out.append(name)
+    return sorted(out)
+
+
+def _exact_pins(requires: list, target: str) -> list:
+    """The exact pins (== or ===) of a package's Requires-Dist on ``target``, as Requirement objects."""
+    pins = []
+    for req in requires:
+        if not isinstance(req, Requirement):
+            try:
+                req = Requirement(str(req))
+            except InvalidRequirement:
+                continue
+        if canonicalize_name(req.name) == target and any(s.operator in ("==", "===") for s in req.specifier):
+            pins.append(req)
+    return pins
+
+
+def _release(version: str) -> tuple:
+    return Version(version).release
+
+
+def _table_pair(comp: Companion, with_version: str) -> tuple | None:
+    """(with's release prefix, package's release prefix) the profile's table gives for this release of with, the
+    longest matching prefix; None when the table has no row for it."""
+    have = _release(with_version)
+    rows = [(k, v) for k, v in comp.versions.items() if have[: len(_release(k))] == _release(k)]
+    return max(rows, key=lambda kv: len(_release(kv[0]))) if rows else None
+
+
+def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
+    """(pairs, problems). ``requires``: {package: its Requires-Dist that apply on the target} for the packages of
+    metadata_wanted. A pair holds when the profile's table (if it has a row for the release of ``with``) and the
+    package's exact METADATA pin (if it has one) both agree with the lock; a profile companion that neither the table
+    nor its METADATA pairs with the locked release is refused too."""
+    versions = {e["name"]: e["version"] for e in entries}
+    pairs, problems = [], []
+    for name in sorted(set(requires) | (set(companions) & set(versions))):
+        if name not in versions:
+            continue
+        comp = companions.get(name) or Companion(package=name)
+        targets = (
+            [comp.with_] if name in companions else sorted({DEFAULT_WITH} | {c.with_ for c in companions.values()})
+        )
+        for target in targets:
+            if target not in versions:
+                continue
+            have, with_have = versions[name], versions[target]
+            checks = []  # (source, ok, what it pairs)
+            pins = _exact_pins(requires.get(name, []), target)
+            for req in pins:
+                checks.append(("its METADATA", req.specifier.contains(with_have, prereleases=True), str(req)))
+            if name in companions and comp.versions:
+                row = _table_pair(comp, with_have)
+                if row:
+                    ok = _release(have)[: len(_release(row[1]))] == _release(row[1])
+                    checks.append(("the profile", ok, f"{target} {row[0]} <-> {name} {row[1]}"))
+            if not checks:
+                if name in companions:
+                    known = ", ".join(f"{target} {k} <-> {name} {v}" for k, v in comp.versions.items()) or "no rows"
+                    problems.append(
+                        f"{name} {have} beside {target} {with_have}: neither the profile's companions rule ({known})"
+                        f" nor {name}'s METADATA says which {name} pairs with {target} {with_have}. Fix: add the"
+                        f" {name} release built for {target} {'.'.join(map(str, _release(with_have)[:2]))} to"
+                        f" wheels.rules.companions ({name}) versions"
+                    )
+                continue
+            bad = [c for c in checks if not c[1]]
+            by = "; ".join(f"{src}: {what}" for src, _ok, what in checks)
+            pairs.append(
+                {"package": name, "version": have, "with": target, "with_version": with_have, "by": by, "ok": not bad}
+            )
+            if bad:
+                wants = "; ".join(f"{src} pairs {what}" for src, _ok, what in bad)
+                problems.append(
+                    f"{name} {have} does not pair with {target} {with_have} ({wants})"
+                    + (f" [{comp.reason}]" if comp.reason else "")
+                    + f". Fix: choose the {name} built for {target} {with_have} (pin it in wheels.packages or"
+                    f" wheels.overrides, e.g. an override with the {name} release that pairs), or a {target} that"
+                    f" {name} {have} was built against"
+                )
+    return pairs, problems
+
+
+# --- the verdict ------------------------------------------------------------------------------------------
+
+
+def judge_lock(entries: list, graph: dict, requires: dict, profile: dict) -> dict:
+    """Judge a finished lock against the profile's rules. Returns the report part (``cuda``: per package the CUDA
+    it is built for; ``cuda_allowed``; ``companions``: the pairs checked); raises LockRefused naming every broken
+    rule, so a bad lock is never written."""
+    rules = profile["wheels"].get("rules") or {}
+    companions = companions_from_profile(rules)
+    versions = {e["name"]: e["version"] for e in entries}
+    table = cuda_table(entries, graph)
+    cuda_problems, allowed = judge_cuda(
+        table, profile["cuda"]["version"], exceptions_from_profile(rules), graph, versions
+    )
+    pairs, pair_problems = judge_companions(entries, companions, requires)
+    problems = pair_problems + cuda_problems
+    if problems:
+        raise LockRefused(
+            f"the lock for profile {profile['name']!r} was refused, nothing was written: " + " | ".join(problems)
+        )
+    return {"cuda": table, "cuda_allowed": allowed, "companions": pairs}
+
+
+def report_lines(rules_report: dict) -> list:
+    """Lines of the plan report: the CUDA each CUDA-built package is built for, and the companion pairs."""
+    lines = []
+    table = rules_report.get("cuda") or {}
+    if table:
+        lines.append(
+            "CUDA builds: "
+            + ", ".join(f"{n} {r['version']} (CUDA {r['cuda']}, {r['from']})" for n, r in sorted(table.items()))
+        )
+    lines.extend(f"CUDA exception: {line}" for line in rules_report.get("cuda_allowed") or [])
+    for pair in rules_report.get("companions") or []:
+        lines.append(
+            f"companion {pair['package']} {pair['version']} pairs with {pair['with']} {pair['with_version']}"
+            f" ({pair['by']})"
+        )
+    return lines
