@@ -13,13 +13,15 @@ range reads (``_index.Fetcher.metadata``), its headers only (the description bod
 when and how much was recorded. Test servers on loopback serve these files; nothing in the tests goes online.
 
 ``--page`` records a static PEP 503 page kept in a public git repository (a CUDA index such as the sgl-kernel or
-flashinfer cu130 ones), byte for byte, from a git mirror of that repository (``git show COMMIT:PATH``) or from a
-file, optionally trimmed to some versions, to ``pages/<source>/<project>/index.html``, and describes it in
-``RECORDED.json`` under ``pages``: repository, path, commit and its date, what was trimmed, for every file name
-listed more than once its hashes in page order, and from a git mirror the commit and date that first listed each
-hash. ``--pytorch-page`` writes a page of PyTorch's index format, rendered by the template of pytorch/test-infra
-``s3_management/manage.py`` (``to_simple_package_html``) for a chosen list of files: nightly links carry no
-``#sha256``, as that template writes them. Both are served by ``lab/recorded_index.py`` (``RecordedPages``).
+flashinfer cu130 ones) from a git mirror of that repository (``git show COMMIT:PATH``) or from a file, as it is
+there but for the host of its links (made host-relative: recorded data keeps no host, as the default index's
+pages keep only ``../../files/``), optionally trimmed to some versions, to ``pages/<source>/<project>/index.html``,
+and describes it in ``RECORDED.json`` under ``pages``: repository, path, commit and its date, what was trimmed, for
+every file name listed more than once its hashes in page order, and from a git mirror the commit and date that
+first listed each hash. ``--pytorch-page`` writes a page of PyTorch's index format, rendered by the template of
+pytorch/test-infra ``s3_management/manage.py`` (``to_simple_package_html``) for a chosen list of files: nightly
+links carry no ``#sha256``, as that template writes them. Both are served by ``lab/recorded_index.py``
+(``RecordedPages``).
 
 ``--shapes`` records instead the shapes of the real set's big wheels (``lab.wheel_shapes.shape_of``: file counts and
 bytes by extension, from each wheel's central directory read with range requests) to ``lab/wheels/shapes.json``,
@@ -127,6 +129,12 @@ def _version_of(filename: str) -> str | None:
         return None
 
 
+def strip_origins(text: str) -> tuple:
+    """Absolute links made host-relative (the path kept): recorded data names no host files are fetched from, as
+    the default index's pages keep only ``../../files/<filename>``. Also the number of links changed."""
+    return re.subn(r'(<a href=")[a-zA-Z][a-zA-Z0-9+.-]*://[^/"]*(/)', r"\1\2", text)
+
+
 def trim_page(text: str, keep: set) -> tuple:
     """The page with only the anchors of versions in ``keep`` (every other line as it was); also the count dropped."""
     out, dropped = [], 0
@@ -172,8 +180,15 @@ def first_listed(git_dir: str, path: str, hashes: list) -> dict:
 
 def record_page(out: Path, args) -> dict:
     """One static page of a public repository, as it is there (or trimmed to --keep versions)."""
+    blob = None
     if args.git_dir:
         text = _git_show(args.git_dir, args.commit, args.path)
+        blob = subprocess.run(
+            ["git", "--git-dir", args.git_dir, "rev-parse", f"{args.commit}:{args.path}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         date = subprocess.run(
             ["git", "--git-dir", args.git_dir, "show", "-s", "--format=%cI", args.commit],
             capture_output=True,
@@ -185,6 +200,7 @@ def record_page(out: Path, args) -> dict:
     dropped = 0
     if args.keep:
         text, dropped = trim_page(text, set(args.keep))
+    text, relative = strip_origins(text)
     project = canonicalize_name(args.projects[0])  # --project: the one project the page lists
     dest = out / "pages" / args.source / project / "index.html"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +211,8 @@ def record_page(out: Path, args) -> dict:
         "commit": args.commit,
         "commit_date": date,
         "read_through": "a git mirror (git show)" if args.git_dir else args.read_through,
+        "git_blob": blob,
+        "origins": f"{relative} absolute links made host-relative (path kept); nothing else changed",
         "recorded_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "project": project,
         "page": str(dest.relative_to(out)),

@@ -59,6 +59,12 @@ def test_the_sgl_kernel_page_lists_one_wheel_five_times_each_newer_than_the_last
     assert first[0] == "2026-01-14" and first[-1] == "2026-02-21"
 
 
+@pytest.mark.parametrize("source", sorted(PAGES))
+def test_a_recorded_page_names_no_host(source):
+    assert "://" not in page_of(source)
+    assert len(anchors(page_of(source))) == PAGES[source]["anchors"]
+
+
 def test_the_pytorch_format_page_has_no_hashes_and_its_index_answers_403():
     doc = PAGES["pytorch-nightly-cu130"]
     text = page_of("pytorch-nightly-cu130")
