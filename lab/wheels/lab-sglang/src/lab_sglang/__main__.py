@@ -5,6 +5,10 @@
 Takes SGLang's launch_server flags that matter to the lab; other SGLang flags are accepted and
 ignored with a warning so a real command line still starts. `--lab-*` flags (or LAB_SGLANG_*
 variables) override the stack-derived rates and inject faults for tests.
+
+`--lab-gpu` (LAB_SGLANG_GPU=1) runs on the host's GPUs instead (lab_sglang.gpu): one worker process per GPU,
+each reserving `--mem-fraction-static` of its memory, every token made by GPU work; then `--mem-fraction-static`
+and `--tp-size` are read as SGLang reads them.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from lab_sglang import __version__
+from lab_sglang.gpu import Engine, GpuConfig, WorkerError
 from lab_sglang.server import FAULTS, Config, make_server
 from lab_sglang.stack import NEW_SGLANG, resolve_rates, version_tuple
 
@@ -67,7 +73,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="inject the fault on every Nth generation request",
     )
     lab.add_argument("--lab-slow-s", type=float, default=float(env("LAB_SGLANG_SLOW_S", "30")))
+    gpu = parser.add_argument_group("GPU mode (also LAB_SGLANG_* variables)")
+    gpu.add_argument(
+        "--lab-gpu",
+        action="store_true",
+        default=env("LAB_SGLANG_GPU", "").lower() in ("1", "true", "yes"),
+        help="run on the GPUs: one worker process per GPU, real GPU work per token",
+    )
+    for flag, variable, default, text in (
+        ("--lab-gpu-weights-gib", "GPU_WEIGHTS_GIB", "8", "bytes each decode step reads per GPU (the weights), GiB"),
+        ("--lab-gpu-draft-fraction", "GPU_DRAFT_FRACTION", "0.1", "size of the draft as a fraction of the target"),
+        ("--lab-draft-slowdown", "DRAFT_SLOWDOWN", "1", "run each draft pass this many times (a slow draft kernel)"),
+    ):
+        gpu.add_argument(flag, type=float, default=float(env("LAB_SGLANG_" + variable, default)), help=text)
     return parser
+
+
+def gpu_parser() -> argparse.ArgumentParser:
+    """SGLang's flags that only GPU mode uses; in CPU mode they stay among the ignored ones."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--mem-fraction-static", type=float, default=0.88)
+    parser.add_argument("--tp-size", "--tp", type=int)
+    return parser
+
+
+def gpu_config(args: argparse.Namespace, gpu_args: argparse.Namespace, config: Config) -> GpuConfig | str:
+    """The engine's settings, or what is wrong with them."""
+    if not 0 < gpu_args.mem_fraction_static < 1:
+        return f"--mem-fraction-static must be between 0 and 1, got {gpu_args.mem_fraction_static}"
+    if gpu_args.tp_size is not None and gpu_args.tp_size < 1:
+        return f"--tp-size must be 1 or more, got {gpu_args.tp_size}"
+    if args.lab_gpu_weights_gib <= 0 or not 0 < args.lab_gpu_draft_fraction <= 1 or args.lab_draft_slowdown <= 0:
+        return "--lab-gpu-weights-gib and --lab-draft-slowdown must be positive, --lab-gpu-draft-fraction in (0, 1]"
+    return GpuConfig(
+        mem_fraction_static=gpu_args.mem_fraction_static,
+        tp_size=gpu_args.tp_size,
+        weights_gib=args.lab_gpu_weights_gib,
+        draft_fraction=args.lab_gpu_draft_fraction,
+        draft_slowdown=args.lab_draft_slowdown,
+        speculative=config.speculative,
+        num_steps=args.speculative_num_steps or 3,
+        topk=args.speculative_eagle_topk or 1,
+        draft_tokens=config.draft_tokens,
+    )
 
 
 def check_speculative(args: argparse.Namespace) -> str | None:
@@ -89,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
     )
     args, unknown = build_parser().parse_known_args(argv)
+    gpu_args = None
+    if args.lab_gpu:
+        gpu_args, unknown = gpu_parser().parse_known_args(unknown)
     if unknown:
         LOG.warning("ignoring SGLang flags the lab stand-in does not model: %s", " ".join(unknown))
     problem = check_speculative(args)
@@ -129,11 +180,41 @@ def main(argv: list[str] | None = None) -> int:
         # 0.0.0 is a source tree, not a build of an old version: answer as the newest does.
         server_info_path=__version__ == "0.0.0" or version_tuple(__version__) >= NEW_SGLANG,
     )
+    engine = None
+    if gpu_args is not None:
+        gpu = gpu_config(args, gpu_args, config)
+        if isinstance(gpu, str):
+            LOG.error("invalid server arguments: %s", gpu)
+            return 2
+        # As SGLang: the schedulers load first, the HTTP server binds once they are ready.
+        engine = Engine(gpu)
+        try:
+            engine.start()
+        except WorkerError as exc:
+            LOG.error("RuntimeError: a scheduler process failed to start: %s", exc)
+            return 1
+        config.engine = engine
+        for worker in engine.workers:
+            LOG.info(
+                "TP%d: pid %d on GPU %d (%s), reserved %.1f of %.1f GiB, weights %.1f GiB",
+                worker["rank"],
+                worker["pid"],
+                worker["gpu"],
+                worker["device"],
+                worker["reserved_bytes"] / 2**30,
+                worker["total_bytes"] / 2**30,
+                worker["weight_bytes"] / 2**30,
+            )
     try:
         server = make_server(config)
     except OSError as exc:
         LOG.error("cannot bind %s:%s: %s", args.host, args.port, exc)
+        if engine is not None:
+            engine.stop()
         return 1
+    if engine is not None:
+        # A dead scheduler ends the server, as SGLang's launcher ends when one of its children dies.
+        engine.on_failure = lambda: threading.Thread(target=server.shutdown, daemon=True).start()
 
     def stop(signum, _frame):
         LOG.info("received signal %d, shutting down", signum)
@@ -141,14 +222,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     LOG.info(
-        "lab-sglang %s (stack %s): %s on %s:%d, speculative=%s, %.1f tok/s per request, accept length %.2f",
+        "lab-sglang %s (stack %s): %s on %s:%d, speculative=%s, %s, accept length %.2f",
         __version__,
         rates.stack,
         args.model_path,
         args.host,
         server.server_address[1],
         args.speculative_algorithm or "off",
-        config.rate_tok_s,
+        f"{config.rate_tok_s:.1f} tok/s per request"
+        if engine is None
+        else f"GPU mode on {len(engine.workers)} GPU(s), draft slowdown x{engine.cfg.draft_slowdown:g}",
         rates.accept_length if config.speculative else 1.0,
     )
     LOG.info("The server is fired up and ready to roll!")
@@ -158,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         server.server_close()
-    return 0
+        if engine is not None:
+            engine.stop()
+    return 1 if engine is not None and engine.failure else 0
 
 
 if __name__ == "__main__":

@@ -72,6 +72,8 @@ class Config:
     ignored_args: list[str] = dataclasses.field(default_factory=list)
     # SGLang 0.5.9 added /server_info (and deprecated /get_server_info); 0.5.3 answers only /get_server_info.
     server_info_path: bool = True
+    # GPU mode (gpu.Engine, started): chunks come when the GPU has made them, not at the schedule's offsets.
+    engine: object | None = None
 
     @property
     def speculative(self) -> bool:
@@ -103,6 +105,8 @@ class State:
 
     def ready(self) -> bool:
         if self.config.fault == "never_healthy":
+            return False
+        if self.config.engine is not None and self.config.engine.failure:
             return False
         return time.monotonic() - self.started >= self.config.startup_s
 
@@ -285,20 +289,28 @@ class Handler(BaseHTTPRequestHandler):
         from lab_sglang import __version__
 
         cfg = self.state.config
+        workers = cfg.engine.workers if cfg.engine is not None else []
+        weight_gb = workers[0]["weight_bytes"] / 2**30 if workers else 0.0
+        kvcache_gb = (workers[0]["reserved_bytes"] / 2**30 - weight_gb) if workers else 0.0
         internal: dict = {
             "last_gen_throughput": self.state.last_gen_throughput,
-            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": cfg.context_length, "graph": 0.0},
+            "memory_usage": {
+                "weight": round(weight_gb, 2),
+                "kvcache": round(kvcache_gb, 2),
+                "token_capacity": cfg.context_length,
+                "graph": 0.0,
+            },
         }
         with self.state.lock:
             if cfg.speculative and self.state.cum_verify > 0:
                 internal["avg_spec_accept_length"] = self.state.cum_tokens / self.state.cum_verify
-        return {
+        info = {
             "model_path": cfg.model_path,
             "tokenizer_path": cfg.model_path,
             "served_model_name": cfg.served_model_name,
             "host": cfg.host,
             "port": cfg.port,
-            "tp_size": 1,
+            "tp_size": max(1, len(workers)),
             "dp_size": 1,
             "context_length": cfg.context_length,
             "speculative_algorithm": cfg.speculative_algorithm,
@@ -331,6 +343,14 @@ class Handler(BaseHTTPRequestHandler):
                 "requests": self.state.requests,
             },
         }
+        if cfg.engine is not None:
+            info["gpufleet_lab"]["gpu"] = {
+                "workers": workers,
+                "config": dataclasses.asdict(cfg.engine.cfg),
+                "steps": cfg.engine.steps,
+                "failure": cfg.engine.failure,
+            }
+        return info
 
     def set_fault(self, body: dict) -> None:
         fault = body.get("fault", "none")
@@ -364,6 +384,7 @@ class Handler(BaseHTTPRequestHandler):
         """Common request life cycle: fault injection, timing, counters."""
         number, active = self.state.begin()
         schedule = None
+        clock = None
         try:
             fault = self.state.fault_now(number)
             if fault == "http500":
@@ -384,27 +405,32 @@ class Handler(BaseHTTPRequestHandler):
             schedule, prompt_tokens = self._schedule(prompt, max_tokens, active)
             seed = sum(prompt.encode()) % len(WORDS)
             start = time.monotonic()
+            engine = self.state.config.engine
+            clock = _Clock(schedule, start) if engine is None else _GpuClock(engine, schedule, prompt_tokens, start)
             if stream:
                 self._start_stream()
                 cut_at = max(1, len(schedule.chunks) // 2) if fault == "stream_cut" else None
                 done = 0
                 for index, size in enumerate(schedule.chunks):
-                    offset = schedule.offsets[index]
                     if cut_at is not None and index == cut_at:
                         LOG.error("request %d: injected stream cut after %d chunks", number, index)
                         self._cut()
                         schedule = None
                         return
-                    _sleep_until(start + offset)
+                    clock.wait(index)
                     last = index == len(schedule.chunks) - 1
                     if fault == "malformed_json" and index == 1:
                         self._chunk(b'data: {"text": "broken\n\n')
+                    if last:
+                        schedule = clock.timed(schedule)
                     emit(seed, done, size, index, last, prompt_tokens, schedule, time.monotonic() - start)
                     done += size
                 finish(prompt_tokens, schedule)
                 self._end_stream()
             else:
-                _sleep_until(start + schedule.e2e_latency)
+                for index in range(len(schedule.chunks)):
+                    clock.wait(index)
+                schedule = clock.timed(schedule)
                 payload = finish(prompt_tokens, schedule)
                 if fault == "malformed_json":
                     self._send_json(HTTPStatus.OK, None, raw=json.dumps(payload).encode()[:-7])
@@ -421,6 +447,8 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     self._send_json(HTTPStatus.OK, payload)
         finally:
+            if clock is not None:
+                clock.close()
             self.state.end(schedule)
             if schedule is not None:
                 LOG.info(
@@ -617,6 +645,42 @@ def _sleep_until(deadline: float) -> None:
     remaining = deadline - time.monotonic()
     if remaining > 0:
         time.sleep(remaining)
+
+
+class _Clock:
+    """CPU mode: chunk k is due at the schedule's offset k after the request started."""
+
+    def __init__(self, schedule: Schedule, start: float):
+        self.schedule = schedule
+        self.start = start
+
+    def wait(self, index: int) -> None:
+        _sleep_until(self.start + self.schedule.offsets[index])
+
+    def timed(self, schedule: Schedule) -> Schedule:
+        return schedule
+
+    def close(self) -> None:
+        pass
+
+
+class _GpuClock:
+    """GPU mode: chunk k is due when the engine's GPU step that makes it has finished; offsets are measured."""
+
+    def __init__(self, engine, schedule: Schedule, prompt_tokens: int, start: float):
+        self.start = start
+        self.offsets: list[float] = []
+        self.ticks = engine.ticks(prompt_tokens, schedule.chunks)
+
+    def wait(self, _index: int) -> None:
+        next(self.ticks)
+        self.offsets.append(time.monotonic() - self.start)
+
+    def timed(self, schedule: Schedule) -> Schedule:
+        return dataclasses.replace(schedule, offsets=tuple(self.offsets))
+
+    def close(self) -> None:
+        self.ticks.close()
 
 
 def make_server(config: Config) -> ThreadingHTTPServer:
