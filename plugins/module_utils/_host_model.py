@@ -467,7 +467,10 @@ def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link)
         if not fragment:
             unit_lines.append((RESTART, f"systemd has no unit {name}"))
         elif os.path.normpath(fragment) != os.path.normpath(unit_path):
-            unit_lines.append((REFUSE, f"systemd loads {name} from {fragment}, which overrides {unit_path}"))
+            if un.takes_precedence(fragment):
+                unit_lines.append((REFUSE, f"systemd loads {name} from {fragment}, which overrides {unit_path}"))
+            else:
+                unit_lines.append((RESTART, f"systemd loads {name} from {fragment}, not {unit_path}"))
         else:
             disk = next((s for s in sources if s["kind"] == "unit"), None)
             unit_lines += _unit_env_lines(unit, sources, observed.get("env_files") or {}, want_env, env_path)

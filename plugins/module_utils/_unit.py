@@ -12,7 +12,18 @@ override every ``Environment=`` assignment, later files over earlier ones (syste
 
 from __future__ import annotations
 
+import os
 import shlex
+
+# Unit folders systemd reads before /etc/systemd/system (systemd.unit(5), system manager's search path): a unit
+# file there overrides the collection's; one in a later folder (/run/systemd/system, /lib/systemd/system, ...) gives
+# way to it once it is written and systemd reloaded.
+BEFORE_ETC = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/run/systemd/transient",
+    "/run/systemd/generator.early",
+)
 
 # What the model reads of a unit (systemctl show -p ...).
 SHOW_PROPERTIES = (
@@ -91,6 +102,12 @@ def parse_show(text) -> dict:
 
 
 # --------------------------------------------------------------------------- unit files
+
+
+def takes_precedence(fragment) -> bool:
+    """Whether a unit file at ``fragment`` wins over one in /etc/systemd/system."""
+    folder = os.path.dirname(os.path.normpath(fragment or ""))
+    return folder in BEFORE_ETC
 
 
 def parse_unit_text(text) -> dict:

@@ -17,6 +17,12 @@ description:
     recorded), the global CUDA link (policy C(target)), the C(current) link, the serving venv (the lock's
     distributions and versions, each installed file against its RECORD hash), each managed file against its rendered
     template, the GPUs as M(gpufleet.upgrade.nvml_info) judged them."
+  - "With O(serving), also what runs (the code of M(gpufleet.upgrade.serving_process_info)): the C(serving unit)
+    as systemd runs it (its unit file, every drop-in, its ExecStart and environment against the rendered unit and
+    environment file: a drop-in that overrides what the profile sets is named) and the C(serving process), the
+    unit's main process (its command line, its environment, the venv its interpreter runs from, against the unit
+    and C(current)). Each drifted item of these says how a re-run repairs it (RV(repair)). The processes of the
+    server's tree are the server's own in the C(gpus) judgement."
   - Read only. Reports changed only with O(drift_is_change) on a drifted host (the audit counts what an upgrade would
     change so). With C(--diff), returns the difference of every drifted file and the drift lines of the others.
 version_added: 0.1.0
@@ -92,6 +98,29 @@ options:
       expected_gpu_count:
         description: The number of GPUs the host must have.
         type: int
+  serving:
+    description:
+      - What runs, judged as the C(serving unit) and C(serving process) items; omitted, not judged.
+      - The rendered unit and environment file are those of O(files) at O(serving.unit_path) and O(serving.env_path).
+    type: dict
+    suboptions:
+      unit:
+        description: The systemd unit.
+        type: str
+      main_pid:
+        description: The server's main pid where no systemd unit runs it (judged against the profile directly).
+        type: int
+      unit_path:
+        description: Where the collection writes the unit (an item of O(files)).
+        type: path
+        required: true
+      env_path:
+        description: Where the collection writes the unit's environment file (an item of O(files)).
+        type: path
+        required: true
+      venv_link:
+        description: The C(current) link; the server must run from where it points. Defaults to O(venv.link).
+        type: path
   state_path:
     description:
       - The host's state file (C(state.json)) to read and return as RV(last_run), so the audit reads what the last run
@@ -172,6 +201,13 @@ items:
   returned: always
   type: list
   elements: dict
+repair:
+  description:
+    - How a re-run of the upgrade repairs what runs, C({restart, refuse}); C(restart) is true when the unit must be
+      restarted (it runs other than its files say), C(refuse) lists the fix of each override the collection does
+      not remove (a drop-in it did not write, a unit file that overrides its own).
+  returned: always
+  type: dict
 on_profile:
   description:
     - The C(serving venv link) item matches (C(current) is a venv of the lock), or there is no such item. A drifted
@@ -189,9 +225,10 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_mode
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _unit as un
 
 # What option fact publishes: the verdict and the last run, not the module's own keys (changed, diff).
-FACT_KEYS = ("in_sync", "drift", "drifted", "items", "on_profile", "last_run")
+FACT_KEYS = ("in_sync", "drift", "drifted", "items", "on_profile", "last_run", "repair")
 
 
 def toolkit_items(spec):
@@ -215,6 +252,21 @@ def venv_items(spec):
     return items
 
 
+def serving_items(spec, files, venv_spec, run):
+    """The ``serving unit`` and ``serving process`` items, and the server's pids (for the GPU judgement)."""
+    texts = {os.path.normpath(f["path"]): f.get("content") or "" for f in files}
+    missing = [key for key in ("unit_path", "env_path") if os.path.normpath(spec[key]) not in texts]
+    if missing:
+        raise ValueError(f"serving.{' and serving.'.join(missing)} name no file of option files")
+    env_text = texts[os.path.normpath(spec["env_path"])]
+    keys = set(hm.parse_env(env_text))
+    seen = hm.observe_serving(spec.get("unit"), spec.get("main_pid"), keys, run)
+    link = spec.get("venv_link") or (venv_spec or {}).get("link")
+    unit_text = texts[os.path.normpath(spec["unit_path"])]
+    items = hm.serving_items(seen, unit_text, env_text, spec["unit_path"], spec["env_path"], link)
+    return items, set(seen["tree"])
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -230,6 +282,18 @@ def main():
                     "expected_gpu_count": {"type": "int"},
                 },
             },
+            "serving": {
+                "type": "dict",
+                "options": {
+                    "unit": {"type": "str"},
+                    "main_pid": {"type": "int"},
+                    "unit_path": {"type": "path", "required": True},
+                    "env_path": {"type": "path", "required": True},
+                    "venv_link": {"type": "path"},
+                },
+                "mutually_exclusive": [("unit", "main_pid")],
+                "required_one_of": [("unit", "main_pid")],
+            },
             "state_path": {"type": "path"},
             "drift_is_change": {"type": "bool", "default": False},
             "fact": {"type": "str"},
@@ -243,12 +307,23 @@ def main():
             extra["last_run"] = st.read_json(p["state_path"]) or {}
         except st.StateError as exc:
             module.fail_json(msg=f"{socket.gethostname()}: {exc}; move it aside to start the host's record afresh")
+    serving, server_pids = [], None
+    if p["serving"]:
+        try:
+            serving, server_pids = serving_items(p["serving"], p["files"], p["venv"], module.run_command)
+        except (un.UnitError, ValueError) as exc:
+            module.fail_json(msg=f"{socket.gethostname()}: host_state: {exc}")
     gpus = p["gpus"]
     if gpus is None and p["gpu_health"] is not None:
         health = p["gpu_health"]
         try:
+            # The server's own processes are listed as its own and not judged; any other is foreign.
             gpus = _nvml.host_health(
-                _nvml.load_pynvml, health["required"], health["thresholds"], health["expected_gpu_count"]
+                _nvml.load_pynvml,
+                health["required"],
+                health["thresholds"],
+                health["expected_gpu_count"],
+                server_pids=server_pids,
             )[0]
         except _nvml.NvmlUnavailable as exc:
             module.fail_json(msg=_nvml.unavailable_message(socket.gethostname(), exc), status="failed")
@@ -278,6 +353,7 @@ def main():
                         "after": spec.get("content") or "",
                     }
                 )
+        items += serving
         if gpus is not None:
             items.append(hm.gpu_item(gpus))
     except (KeyError, TypeError) as exc:
@@ -286,6 +362,7 @@ def main():
         module.fail_json(msg=f"host_state: {exc}")
     verdict = hm.judge(items)
     verdict["on_profile"] = hm.VENV_LINK not in verdict["drifted"]
+    verdict["repair"] = hm.repairs(items)
     result = dict(verdict, changed=bool(p["drift_is_change"] and not verdict["in_sync"]), **extra)
     if p["fact"]:
         result["ansible_facts"] = {p["fact"]: {k: v for k, v in result.items() if k in FACT_KEYS}}

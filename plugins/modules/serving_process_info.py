@@ -18,8 +18,9 @@ description:
   - Where there is no systemd (a container, a test machine), give O(main_pid) instead of O(unit).
   - "Environment values are returned only for O(environ_keys); the other variables are named (an environment may
     hold tokens)."
-  - With O(expect), judges the process (its venv, its environment) and returns RV(problems); it never fails for
-    them, the caller decides.
+  - With O(expect), judges the process (its venv, its environment) and returns RV(problems); with
+    O(fail_on_problems) it fails on them, naming the host, each problem and O(fix) (one task where a check is on the
+    host's downtime path).
   - Read-only; never reports changed.
 version_added: 0.1.0
 author: gpufleet maintainers (@gpufleet)
@@ -48,6 +49,14 @@ options:
         description: Variables its environment must hold, with their values.
         type: dict
         default: {}
+  fail_on_problems:
+    description: Fail when the main process differs from O(expect) (or none runs).
+    type: bool
+    default: false
+  fix:
+    description: What to do about a failure of O(fail_on_problems), added to its message.
+    type: str
+    default: restart the unit, and check `systemctl cat <unit>` for a drop-in that overrides its files
   systemctl:
     description: The systemctl command.
     type: str
@@ -77,8 +86,8 @@ EXAMPLES = r"""
     expect:
       venv: [/opt/gpufleet/serving/venvs/cu128-0123456789ab]
       env: {CUDA_HOME: /usr/local/cuda-12.8}
-  register: restored
-  failed_when: restored.problems | length > 0
+    fail_on_problems: true
+    fix: check the current link and restart the unit
 
 - name: A server started as a plain process tree (no systemd)
   gpufleet.upgrade.serving_process_info:
@@ -151,6 +160,11 @@ def build_module():
                     "env": {"type": "dict", "default": {}},
                 },
             },
+            "fail_on_problems": {"type": "bool", "default": False},
+            "fix": {
+                "type": "str",
+                "default": "restart the unit, and check `systemctl cat <unit>` for a drop-in that overrides its files",
+            },
             "systemctl": {"type": "str", "default": "systemctl"},
         },
         required_one_of=[("unit", "main_pid")],
@@ -185,9 +199,12 @@ def main():
     if expect is not None:
         env = {k: str(v) for k, v in expect["env"].items()}
         if process:
-            result["problems"] = [words for _kind, words in hm.process_differences(process, expect["venv"], env)]
+            found = hm.process_differences(process, expect["venv"], env, who="expect.env")
+            result["problems"] = [words for _kind, words in found]
         else:
             result["problems"] = [f"{p['unit'] or p['main_pid']} runs no main process"]
+        if p["fail_on_problems"] and result["problems"]:
+            module.fail_json(msg=f"{socket.gethostname()}: {'; '.join(result['problems'])}; fix: {p['fix']}", **result)
     module.exit_json(**result)
 
 

@@ -290,6 +290,13 @@ def test_a_unit_loaded_from_elsewhere_is_refused(host):
         f"which overrides {host['unit_path']}"
     ]
     assert unit["repair"] == "refuse"
+    # A unit of the old stack's package (/lib/systemd/system) gives way to the collection's once it is written.
+    packaged = judge(host, FragmentPath="/lib/systemd/system/gpufleet-serving.service")[1]["serving unit"]
+    assert packaged["drift"] == [
+        "serving unit: systemd loads gpufleet-serving.service from /lib/systemd/system/gpufleet-serving.service, "
+        f"not {host['unit_path']}"
+    ]
+    assert packaged["repair"] == "restart"
 
 
 def test_without_systemd_the_main_pid_is_judged_against_the_profile(host):

@@ -475,7 +475,7 @@ def test_host_state_publishes_its_verdict_as_the_fact_it_is_told_and_says_whethe
     ok, res = call(host_state, {"venv": venv, "fact": "assess_result", "state_path": str(tmp_path / "state.json")})
     assert ok, res
     fact = res["ansible_facts"]["assess_result"]
-    assert fact == {k: res[k] for k in ("in_sync", "drift", "drifted", "items", "on_profile", "last_run")}
+    assert fact == {k: res[k] for k in ("in_sync", "drift", "drifted", "items", "on_profile", "last_run", "repair")}
     assert fact["on_profile"] is points_at_the_lock_s_venv
     # The venv itself is empty: it drifts either way, so the host is repaired (on the profile) or upgraded.
     assert not fact["in_sync"] and "serving venv" in fact["drifted"], fact
