@@ -75,7 +75,6 @@ def server_summary(info):
         "speculative_eagle_topk": info.get("speculative_eagle_topk"),
         "speculative_num_draft_tokens": info.get("speculative_num_draft_tokens"),
         "avg_spec_accept_length": internal.get("avg_spec_accept_length"),
-        "lab": info.get("gpufleet_lab"),
     }
 
 

@@ -271,5 +271,5 @@ def test_server_summary_keeps_server_args_version_and_the_average_accept_length(
     }
     summary = b.server_summary(info)
     assert summary["avg_spec_accept_length"] == 2.9 and summary["speculative_num_steps"] == 3
-    assert summary["speculative_draft_model_path"] is None and summary["lab"] is None and "tp_size" not in summary
+    assert summary["speculative_draft_model_path"] is None and "lab" not in summary and "tp_size" not in summary
     assert b.server_summary({"internal_states": []})["avg_spec_accept_length"] is None
