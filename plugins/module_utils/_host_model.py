@@ -561,11 +561,9 @@ def _repair_of(lines) -> dict:
     if refused:
         return {
             "repair": REFUSE,
-            "fix": (
-                f"{'; '.join(refused)}: the collection does not remove settings it did not write; remove that "
-                f"override (or the line of it that sets what the profile manages), run systemctl daemon-reload, "
-                f"then run the upgrade again"
-            ),
+            # The collection leaves a file it did not write: the operator removes the override (or its line).
+            "fix": f"{'; '.join(refused)}; fix: remove it (the collection leaves it), systemctl daemon-reload, "
+            "run again",
         }
     return {"repair": RESTART if lines else None}
 
