@@ -34,6 +34,7 @@ same way.
 from __future__ import annotations
 
 import base64
+import contextlib
 import email.utils
 import hashlib
 import html
@@ -331,3 +332,39 @@ def _send_file(environ, start_response, body: bytes, stamp=None):
         return [part]
     start_response("200 OK", [*headers, ("Content-Length", str(len(body)))])
     return [b"" if environ["REQUEST_METHOD"] == "HEAD" else body]
+
+
+def recorded_profile(servers: dict) -> dict:
+    """A cu130 stack profile over the recorded static pages (``servers``: pytorch, sgl and flashinfer RecordedPages,
+    started): torch from PyTorch's nightly index, the kernels from their own indexes with PyTorch's index named
+    first for them, as a profile may name it (it carries neither: 403). flashinfer's page gives no dates at all."""
+    return {
+        "name": "recorded",
+        "python": {"version": "3.11"},
+        "cuda": {"version": "13.0"},
+        "wheels": {
+            "indexes": [{"name": n, "url": s.url} for n, s in servers.items()],
+            "packages": [
+                {"name": "torch", "spec": ">=2.11.0.dev0,<2.12", "indexes": ["pytorch"], "local_tag": "cu130"},
+                {"name": "sgl-kernel", "spec": "==0.3.21", "indexes": ["pytorch", "sgl"], "local_tag": "cu130"},
+                {
+                    "name": "flashinfer-jit-cache",
+                    "spec": "==0.6.4",
+                    "indexes": ["pytorch", "flashinfer"],
+                    "local_tag": "cu130",
+                    "undatable": "allow",
+                },
+            ],
+        },
+    }
+
+
+@contextlib.contextmanager
+def recorded_indexes():
+    """The three recorded static indexes started, by the names ``recorded_profile`` gives them."""
+    with (
+        RecordedPages("pytorch-nightly-cu130") as torch,
+        RecordedPages("sgl-whl-cu130") as sgl,
+        RecordedPages("flashinfer-whl-cu130") as fi,
+    ):
+        yield {"pytorch": torch, "sgl": sgl, "flashinfer": fi}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from urllib.parse import unquote
 
 from ansible.module_utils.basic import missing_required_lib
 from ansible.plugins.action import ActionBase
@@ -87,7 +88,8 @@ class ActionModule(ActionBase):
                 if args["fetch"]:
                     fetched = fetch_wheelhouse(fetcher, lock, wheelhouse)
                     # Chosen wheels were fetched while planning: count every download of this run.
-                    fetched["fetched"] = sorted(os.path.basename(u) for u in fetcher.downloads)
+                    # File names as the wheelhouse has them: a URL writes a local version's + as %2B.
+                    fetched["fetched"] = sorted(unquote(os.path.basename(u)) for u in fetcher.downloads)
                     fetched["reused"] = sorted(set(fetched["reused"]) - set(fetched["fetched"]))
                     changed = changed or bool(fetched["fetched"])
                 if changed:

@@ -25,7 +25,7 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
 
-from lab.recorded_index import DATA, RecordedPages, lab_wheel  # noqa: E402
+from lab.recorded_index import DATA, RecordedPages, lab_wheel, recorded_indexes, recorded_profile  # noqa: E402
 
 PAGES = json.loads((DATA / "RECORDED.json").read_text())["pages"]
 SGL = "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
@@ -197,36 +197,8 @@ def test_a_hashless_link_is_downloaded_once_and_hashed_without_a_wheelhouse():
 
 @pytest.fixture()
 def recorded():
-    with (
-        RecordedPages("pytorch-nightly-cu130") as torch,
-        RecordedPages("sgl-whl-cu130") as sgl,
-        RecordedPages("flashinfer-whl-cu130") as fi,
-    ):
-        yield {"pytorch": torch, "sgl": sgl, "flashinfer": fi}
-
-
-def cu130_profile(servers):
-    """torch from PyTorch's nightly index; the kernels from their own indexes, PyTorch's index named first for
-    them as a profile may (it carries neither: 403)."""
-    return {
-        "name": "recorded",
-        "python": {"version": "3.11"},
-        "cuda": {"version": "13.0"},
-        "wheels": {
-            "indexes": [{"name": n, "url": s.url} for n, s in servers.items()],
-            "packages": [
-                {"name": "torch", "spec": ">=2.11.0.dev0,<2.12", "indexes": ["pytorch"], "local_tag": "cu130"},
-                {"name": "sgl-kernel", "spec": "==0.3.21", "indexes": ["pytorch", "sgl"], "local_tag": "cu130"},
-                {
-                    "name": "flashinfer-jit-cache",
-                    "spec": "==0.6.4",
-                    "indexes": ["pytorch", "flashinfer"],
-                    "local_tag": "cu130",
-                    "undatable": "allow",
-                },
-            ],
-        },
-    }
+    with recorded_indexes() as servers:
+        yield servers
 
 
 @pytest.mark.skipif(shutil.which("uv", path=str(Path(sys.executable).parent)) is None, reason="needs uv")
@@ -234,7 +206,7 @@ def test_the_plan_locks_the_served_hashes_and_says_why(recorded, tmp_path):
     uv = wp.find_uv()
     fetcher = ix.Fetcher()
     lock = wp.make_lock(
-        cu130_profile(recorded), TARGET, fetcher, uv, tools=(), today=dt.date(2026, 3, 1), wheelhouse=str(tmp_path)
+        recorded_profile(recorded), TARGET, fetcher, uv, tools=(), today=dt.date(2026, 3, 1), wheelhouse=str(tmp_path)
     )
     by_name = {e["name"]: e for e in lock["packages"]}
     torch = "torch-2.11.0.dev20260115+cu130-cp311-cp311-manylinux_2_28_x86_64.whl"
@@ -254,12 +226,12 @@ def test_the_plan_locks_the_served_hashes_and_says_why(recorded, tmp_path):
     assert any(f"{SGL} (2026-02-21, republished: 5 hashes listed): chosen" in line for line in lines)
 
     # Without a wheelhouse (check mode) the same hashes are locked: the files are hashed in a scratch folder.
-    again = wp.make_lock(cu130_profile(recorded), TARGET, ix.Fetcher(), uv, tools=(), today=dt.date(2026, 3, 1))
+    again = wp.make_lock(recorded_profile(recorded), TARGET, ix.Fetcher(), uv, tools=(), today=dt.date(2026, 3, 1))
     assert again["hash"] == lock["hash"]
 
 
 def test_a_package_no_index_carries_fails_naming_the_403(recorded):
-    profile = cu130_profile(recorded)
+    profile = recorded_profile(recorded)
     profile["wheels"]["packages"] = [{"name": "sgl-kernel", "spec": "==0.3.21", "indexes": ["pytorch"]}]
     rules_by_pkg, _rules = w.rules_from_profile(profile["wheels"])
     with pytest.raises(w.PlanError) as err:
