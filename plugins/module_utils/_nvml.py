@@ -519,6 +519,49 @@ THRESHOLD_SPEC = {
 }
 
 
+def memory_holders(nvml, server_pids=None) -> dict:
+    """Per GPU UUID: its memory and who holds it - the serving unit's processes and the others (split_processes).
+    nvml must be initialised. A GPU that cannot be opened is left out."""
+    errors: dict = {}
+    count = _read(nvml, errors, "gpu_count", "nvmlDeviceGetCount")
+    out = {}
+    for index in range(count if isinstance(count, int) else 0):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError:
+            continue
+        uuid = _text(_read(nvml, errors, "uuid", "nvmlDeviceGetUUID", handle))
+        mem = _read(nvml, errors, "memory", "nvmlDeviceGetMemoryInfo", handle)
+        procs = _processes(nvml, _read(nvml, errors, "processes", "nvmlDeviceGetComputeRunningProcesses", handle))
+        server, other = split_processes(procs, server_pids)
+        out[uuid] = {
+            "index": index,
+            "total_mib": mem.total // 2**20 if hasattr(mem, "total") else None,
+            "used_mib": mem.used // 2**20 if hasattr(mem, "used") else None,
+            "server_pids": None if server_pids is None else [p["pid"] for p in server],
+            "server_mib": sum(p.get("used_mib") or 0 for p in server),
+            "other_pids": [p["pid"] for p in other],
+            "other_mib": sum(p.get("used_mib") or 0 for p in other),
+        }
+    return out
+
+
+def read_memory_holders(loader, server_pids=None):
+    """memory_holders in an NVML session of its own: ``(holders, None)``, or ``({}, reason)`` without NVML."""
+    try:
+        nvml = loader()
+        init(nvml)
+    except NvmlUnavailable as exc:
+        return {}, str(exc)
+    try:
+        return memory_holders(nvml, server_pids), None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass  # nothing is left to release when shutdown itself fails
+
+
 def unavailable_message(host, exc) -> str:
     return (
         f"{host}: NVML is not available: {exc}. Install the NVIDIA driver (and nvidia-ml-py for the Python"

@@ -116,6 +116,8 @@ def judge_kernel(name: str, raw: dict, gpu: dict, params: dict) -> dict:
     if status == "missing_package":
         st, why = resolve_missing(raw["package"], params.get("required_packages"), params.get("python", "python"))
         return outcome(st, f"{who}: {name}: {why}", raw=raw)
+    if status == "out_of_memory":
+        return outcome("out_of_memory", oom_message(f"{who}: {name}", raw, params.get("held")), raw=raw)
     if status == "error":
         return outcome("failed", f"{who}: {name} raised {raw.get('error')}", raw=raw)
     if status == "skipped":
@@ -216,6 +218,8 @@ def judge_allreduce(rank_results: list, world_size: int, backend: str) -> dict:
         res = by_rank.get(rank)
         if res is None:
             problems.append(f"rank {rank} (GPU {rank}) reported nothing")
+        elif res.get("status") == "out_of_memory":
+            problems.append(oom_message(f"rank {rank} (GPU {rank})", res, None))
         elif res.get("status") != "measured":
             problems.append(f"rank {rank} (GPU {rank}): {res.get('error') or res.get('status')}")
         elif res.get("max_abs_err", 1.0) != 0.0:
@@ -235,13 +239,111 @@ def judge_allreduce(rank_results: list, world_size: int, backend: str) -> dict:
     return outcome("passed", f"{backend} all-reduce over {world_size} rank(s) gave {expected:g}{bw}{note}", **data)
 
 
+FAILED = ("failed", "error", "out_of_memory")
+
+
 def summarize(host_checks: dict, gpus: list, allreduce: dict | None) -> dict:
-    failures = [c["message"] for c in host_checks.values() if c["status"] in ("failed", "error")]
+    failures = [c["message"] for c in host_checks.values() if c["status"] in FAILED]
     for gpu in gpus:
-        failures += [c["message"] for c in gpu["checks"].values() if c["status"] in ("failed", "error")]
-    if allreduce and allreduce["status"] in ("failed", "error"):
+        failures += [c["message"] for c in gpu["checks"].values() if c["status"] in FAILED]
+    if allreduce and allreduce["status"] in FAILED:
         failures.append(allreduce["message"])
     return {"passed": not failures, "failures": failures}
+
+
+# ------------------------------------------------------------------------------------------------- memory
+
+
+def oom_message(what: str, raw: dict, held: dict | None) -> str:
+    """An allocation that did not fit, told as that: what was free, what the server and others hold, the fix."""
+    mem = raw.get("memory") or {}
+    seen = []
+    if "free_before_mib" in mem:
+        seen.append(f"{mem['free_before_mib']} MiB of {mem.get('total_mib', '?')} MiB were free when it started")
+    if "free_after_mib" in mem:
+        seen.append(f"{mem['free_after_mib']} MiB when it failed (its own peak: {mem.get('peak_reserved_mib')} MiB)")
+    seen.append(holders_text(held))
+    error = str(raw.get("error") or raw.get("status"))[-300:]
+    return (
+        f"{what}: out of memory, not a kernel error: " + "; ".join(seen) + "; fix: leave the smoke test room beside"
+        " the server (the server's --mem-fraction-static, postcheck_smoke_matmul_size,"
+        f" postcheck_smoke_allreduce_size_mb) or stop what else holds the GPU (error: {error})"
+    )
+
+
+def holders_text(held: dict | None) -> str:
+    if not held:
+        return "what the server holds is unknown (NVML was not readable before the run)"
+    parts = []
+    if held.get("server_pids") is None:
+        parts.append(f"processes {_pids(held['other_pids'])} hold {held['other_mib']} MiB (the server was not named)")
+    else:
+        parts.append(f"the serving unit's processes {_pids(held['server_pids'])} hold {held['server_mib']} MiB")
+        if held["other_pids"]:
+            parts.append(f"other processes {_pids(held['other_pids'])} {held['other_mib']} MiB")
+    return ", ".join(parts) + f" ({held['used_mib']} of {held['total_mib']} MiB in use before the smoke test)"
+
+
+def _pids(pids) -> str:
+    return ", ".join(str(p) for p in pids) if pids else "(none)"
+
+
+def check_memory(checks: dict) -> dict:
+    """Per check the memory figures its worker measured on this GPU (MemoryProbe), and the largest."""
+    per_check = {name: c.get("raw", {}).get("memory") for name, c in checks.items()}
+    per_check = {name: m for name, m in per_check.items() if isinstance(m, dict) and "peak_reserved_mib" in m}
+    if not per_check:
+        return {"checks": {}}
+    peak = max(per_check, key=lambda n: per_check[n]["peak_reserved_mib"])
+    return {
+        "checks": per_check,
+        "peak_check": peak,
+        "peak_reserved_mib": per_check[peak]["peak_reserved_mib"],
+        "peak_allocated_mib": max(m.get("peak_allocated_mib", 0) for m in per_check.values()),
+        "peak_device_used_mib": max(m.get("device_used_after_mib", 0) for m in per_check.values()),
+    }
+
+
+def memory_summary(gpus: list, allreduce: dict | None) -> dict:
+    """The smoke test's largest footprint on any GPU, which check it was, and the all-reduce's (a separate process
+    per GPU, after the per-GPU checks): what must fit beside a server."""
+    out = {"peak_reserved_mib": None, "peak": None, "allreduce_peak_reserved_mib": None}
+    for gpu in gpus:
+        mem = gpu.get("memory") or {}
+        if mem.get("peak_reserved_mib") is not None and (
+            out["peak_reserved_mib"] is None or mem["peak_reserved_mib"] > out["peak_reserved_mib"]
+        ):
+            out["peak_reserved_mib"] = mem["peak_reserved_mib"]
+            out["peak"] = f"GPU {gpu.get('index')} {mem['peak_check']}"
+    ranks = [r.get("memory") for r in (allreduce or {}).get("ranks", []) if isinstance(r.get("memory"), dict)]
+    reserved = [m["peak_reserved_mib"] for m in ranks if "peak_reserved_mib" in m]
+    if reserved:
+        out["allreduce_peak_reserved_mib"] = max(reserved)
+        out["allreduce_peak_device_used_mib"] = max(m.get("device_used_after_mib", 0) for m in ranks)
+    return out
+
+
+def out_of_memory_messages(host_checks: dict, gpus: list, allreduce: dict | None) -> list[str]:
+    """The failures that were a GPU running out of memory, not a wrong kernel."""
+    out = [c["message"] for c in host_checks.values() if c["status"] == "out_of_memory"]
+    for gpu in gpus:
+        out += [c["message"] for c in gpu["checks"].values() if c["status"] == "out_of_memory"]
+    ranks = (allreduce or {}).get("ranks", [])
+    if any(r.get("status") == "out_of_memory" for r in ranks):
+        out.append(allreduce["message"])
+    return out
+
+
+def env_report(serving_env: dict, env: dict, extra: dict, source: dict) -> dict:
+    """Where the workers' environment came from and what the module changed in it (names and values of those
+    only: the serving environment may hold secrets)."""
+    changed = {k: env[k] for k in sorted(env) if serving_env.get(k) != env[k]}
+    return {
+        "source": source,
+        "changed": changed,
+        "from_caller": sorted(extra or {}),
+        "names": sorted(env),
+    }
 
 
 # ------------------------------------------------------------------------------------------------- running
@@ -525,12 +627,11 @@ def build_plan(target_sms, devices, per_sm=None) -> list[dict]:
 
 
 def target_env(env: dict, target: dict, workspace: str) -> dict:
-    """The worker's environment for one target: flashinfer builds for that arch only, into a scratch workspace (so
-    nothing is left in the serving user's cache for an SM the host does not have), with its JIT allowed.
-
-    flashinfer 0.6 disables its JIT when FLASHINFER_DISABLE_JIT is set to anything, "0" included.
-    """
-    out = {k: v for k, v in env.items() if k != "FLASHINFER_DISABLE_JIT"}
+    """The worker's environment for one target: the serving environment as it is, with flashinfer building for that
+    arch only, into a scratch workspace (so nothing is left in the serving user's cache for an SM the host does not
+    have). Nothing is taken out: a variable that turns the JIT off makes the build fail here as it would for the
+    server (judge_build names it)."""
+    out = dict(env)
     out["FLASHINFER_CUDA_ARCH_LIST"] = target["flashinfer_arch"]
     out["FLASHINFER_WORKSPACE_BASE"] = workspace
     return out
@@ -704,9 +805,11 @@ def judge_build(results: dict, plan: list, arch_list, expected_cuda: str | None,
     data = {"targets": targets, "cannot_build": cannot, "run_on_host": [t["sm"] for t in plan if t["host_gpus"]]}
     messages = [got["message"] for got in targets.values()]
     if cannot:
+        # what in the serving environment turns the JIT off (params env_flags): the likely cause, named
+        flags = "".join(f"; the serving environment sets {flag}" for flag in params.get("env_flags") or ())
         return outcome(
             "failed",
-            "build_targets: " + " | ".join(targets[sm]["message"] for sm in cannot),
+            "build_targets: " + " | ".join(targets[sm]["message"] for sm in cannot) + flags,
             **data,
         )
     return outcome("passed", "build_targets: " + " | ".join(messages), **data)

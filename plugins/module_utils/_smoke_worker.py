@@ -7,7 +7,8 @@ It imports nothing from Ansible or the collection: only the standard library, to
 all imported inside functions so that the module can import this file to ship it. It measures and reports; the
 module judges (plugins/module_utils/_smoke.py). Output: one JSON object per line on stdout:
   {"event": "start", "check": NAME}
-  {"event": "result", "check": NAME, "status": "measured"|"info"|"error"|"missing_package", "seconds": ..., ...}
+  {"event": "result", "check": NAME, "status": "measured"|"info"|"error"|"out_of_memory"|"missing_package",
+   "seconds": ..., "memory": {...} (per-GPU checks on a GPU: MemoryProbe), ...}
 
 Modes:
   host                       torch/CUDA facts, arch list, flashinfer versions, peer access, symmetric memory
@@ -71,20 +72,114 @@ def need(module_name, package=None):
         raise MissingPackage(package or module_name, str(exc)) from exc
 
 
-def run_checks(names, table, **kwargs):
+def run_checks(names, table, memory_index=None, **kwargs):
+    """Run each check, reporting its outcome; with ``memory_index`` (a GPU) also the memory it took there."""
     for name in names:
         emit({"event": "start", "check": name})
         began = time.perf_counter()
+        probe = MemoryProbe(memory_index) if memory_index is not None else None
         try:
             result = table[name](**kwargs)
         except MissingPackage as exc:
             result = {"status": "missing_package", "package": exc.package, "error": exc.detail}
         except Exception as exc:  # a broken kernel must be reported, not crash the other checks
-            lines = traceback.format_exception_only(type(exc), exc)
-            result = {"status": "error", "error": "".join(lines).strip()[-2000:]}
+            result = failure(exc)
         result.setdefault("status", "measured")
+        if probe is not None:
+            result["memory"] = probe.finish()
         result.update(event="result", check=name, seconds=round(time.perf_counter() - began, 4))
         emit(result)
+
+
+# What an allocation that did not fit says, whoever raised it: torch.cuda.OutOfMemoryError ("CUDA out of memory"),
+# the CUDA runtime and driver ("out of memory", cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY) as flashinfer's
+# and NCCL's checks pass them on, and cuBLAS failing to get its workspace.
+OUT_OF_MEMORY = re.compile(
+    r"out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE
+)
+
+
+def is_out_of_memory(exc) -> bool:
+    """An exception that says the GPU had not the memory asked for (not that a kernel is wrong)."""
+    if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+        return True
+    return bool(OUT_OF_MEMORY.search(str(exc)))
+
+
+def failure(exc) -> dict:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]
+    return {"status": "out_of_memory" if is_out_of_memory(exc) else "error", "error": text}
+
+
+MIB = 2**20
+
+
+class MemoryProbe:
+    """The GPU memory one check takes: torch's peaks (allocated by tensors, reserved by its caching allocator) and
+    the device's used memory as the driver (and NVML) counts it, with what was free before and after.
+
+    Memory the previous check left cached is given back first, so each figure is the check's own and the smoke
+    test holds no more than its largest check beside a server. Never raises: a probe that fails says why.
+    """
+
+    def __init__(self, index):
+        self.index = index
+        self.out = {}
+        try:
+            torch = need("torch")
+            import gc
+
+            gc.collect()
+            torch.cuda.init()  # the allocator's statistics need CUDA up; the first check may come first
+            torch.cuda.set_device(index)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(index)
+            free, total = torch.cuda.mem_get_info(index)
+            self.out.update(free_before_mib=free // MIB, total_mib=total // MIB)
+        except Exception as exc:  # the check itself reports a broken GPU
+            self.out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    def finish(self) -> dict:
+        if "error" in self.out:
+            return self.out
+        try:
+            torch = need("torch")
+            free, total = torch.cuda.mem_get_info(self.index)
+            self.out.update(
+                peak_allocated_mib=torch.cuda.max_memory_allocated(self.index) // MIB,
+                peak_reserved_mib=torch.cuda.max_memory_reserved(self.index) // MIB,
+                free_after_mib=free // MIB,
+                device_used_after_mib=(total - free) // MIB,
+            )
+            own = own_nvml_mib(self.index)
+            if own is not None:
+                self.out["process_nvml_mib"] = own
+        except Exception as exc:
+            self.out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return self.out
+
+
+def own_nvml_mib(index):
+    """What NVML counts for this process on the GPU (CUDA context and libraries' buffers included), when the venv
+    has nvidia-ml-py; None otherwise, or where NVML's pids are of another pid namespace."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        torch = need("torch")
+        pynvml.nvmlInit()
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and isinstance(proc.usedGpuMemory, int):
+                    return proc.usedGpuMemory // MIB
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # a figure for the report only; never a failure of the check
+        return None
+    return None
 
 
 # ------------------------------------------------------------------------------------------- comparisons
@@ -640,11 +735,13 @@ def run_built(fi, specs, index, workdir):
     out["sm"] = f"sm_{props.major}{props.minor}"
     for check in ("flashinfer_single_decode", "flashinfer_single_prefill", "flashinfer_batch_decode"):
         began = time.perf_counter()
+        probe = MemoryProbe(index)
         try:
             got = GPU_TABLE[check](index=index, device_kind="cuda")
             got.setdefault("status", "measured")
         except Exception as exc:
-            got = {"status": "error", "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]}
+            got = failure(exc)
+        got["memory"] = probe.finish()
         got["seconds"] = round(time.perf_counter() - began, 3)
         out[check] = got
     built = {spec.name for spec in specs.values()}
@@ -688,6 +785,7 @@ def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters)
     emit({"event": "start", "check": "nccl_allreduce"})
     began = time.perf_counter()
     result = {"rank": rank, "world_size": world_size, "backend": backend}
+    probe = MemoryProbe(rank) if device_kind == "cuda" else None
     try:
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
         numel = size_mb * 2**20 // 4
@@ -713,9 +811,13 @@ def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters)
             size_mb=size_mb,
             status="measured",
         )
+        if probe is not None:
+            result["memory"] = probe.finish()  # before the group goes: NCCL's buffers are part of the figure
         dist.destroy_process_group()
     except Exception as exc:
-        result.update(status="error", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+        result.update(failure(exc))
+        if probe is not None:
+            result["memory"] = probe.finish()
     result.update(event="result", check="nccl_allreduce", seconds=round(time.perf_counter() - began, 4))
     emit(result)
 
@@ -768,7 +870,15 @@ def main(argv=None):
     if unknown:
         emit({"event": "fatal", "error": f"unknown checks {unknown}; known: {sorted(table)}"})
         return 2
-    run_checks(names, table, index=args.index, device_kind=args.device, matmul_size=args.matmul_size)
+    memory_index = args.index if args.mode == "gpu" and args.device == "cuda" else None
+    run_checks(
+        names,
+        table,
+        memory_index=memory_index,
+        index=args.index,
+        device_kind=args.device,
+        matmul_size=args.matmul_size,
+    )
     return 0
 
 

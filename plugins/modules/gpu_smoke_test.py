@@ -38,8 +38,23 @@ description:
     them (tolerances, expected capability probes) and the build check uses its prefill backends.
   - A check that cannot run because a package is missing fails when the package is in O(required_packages)
     and is reported skipped with the reason otherwise.
+  - "One environment: the workers run with the environment the serving unit runs with. The running server's own
+    (C(/proc/<main pid>/environ) of O(server_unit) or O(server_main_pid): systemd's environment, the unit's
+    C(Environment=) and C(EnvironmentFile=) as they reached the server), else O(env_file) (the unit's environment file,
+    read as systemd reads it) over the module's own environment, else the module's environment; RV(serving_env) says
+    which and why. Nothing is taken out of it: a variable that turns a feature off by its mere presence
+    (C(FLASHINFER_DISABLE_JIT)) acts on the smoke test as on the server, and RV(serving_env.presence_flags) names it.
+    O(env) is set over it."
   - Every environment the module builds keeps NVLink multicast off (C(NCCL_NVLS_ENABLE=0),
-    C(TORCH_SYMM_MEM_DISABLE_MULTICAST=1), C(NVSHMEM_DISABLE_NVLS=1)), whatever O(env) says.
+    C(TORCH_SYMM_MEM_DISABLE_MULTICAST=1), C(NVSHMEM_DISABLE_NVLS=1)), whatever the serving environment or O(env)
+    says, and sets C(CUDA_DEVICE_ORDER=PCI_BUS_ID) (torch's GPU indices must be NVML's).
+  - "Memory: each per-GPU check reports the GPU memory it took (torch's peak allocated and reserved memory, the
+    device's used memory after it, what was free before and after; RV(gpus) C(memory), RV(memory)), so what the smoke
+    test needs beside a server that holds most of the card is measured, not assumed. The memory one check cached is
+    given back before the next. Before the workers start the module reads through NVML (when usable) what each GPU's
+    processes hold, the serving unit's apart. An allocation that does not fit (C(torch.cuda.OutOfMemoryError), a CUDA
+    C(out of memory) error passed on by flashinfer or NCCL, cuBLAS failing to allocate) is reported as
+    C(out_of_memory) with the free memory seen and what the server holds, not as a kernel error."
 version_added: 0.1.0
 author: gpufleet maintainers (@gpufleet)
 requirements:
@@ -165,9 +180,31 @@ options:
     type: int
     default: 256
   env:
-    description: Extra environment of the worker (for example C(CUDA_HOME) for flashinfer's JIT compiler).
+    description:
+      - Variables set over the serving environment (see the description), for example a fault injection in a test.
+        Leave it empty to test exactly what the server runs with.
     type: dict
     default: {}
+  env_file:
+    description:
+      - The serving unit's environment file (C(/etc/gpufleet/<unit>.env)), read when no server process runs or its
+        environment cannot be read.
+    type: path
+  server_unit:
+    description:
+      - The serving unit; its C(MainPID) (C(systemctl show)) gives the server's environment and names its processes
+        in the memory figures.
+    type: str
+  server_main_pid:
+    description: Main pid of the server on a host without systemd; wins over O(server_unit). C(0) says none runs.
+    type: int
+  server_cgroup:
+    description: The serving unit's cgroup (read from O(server_unit) when not given); its members are the server's.
+    type: str
+  server_pids:
+    description: Further pids of the server.
+    type: list
+    elements: int
   gpu_required:
     description: When false and the venv or torch sees no GPU, the result is C(status=skipped) ("skipped, no GPU").
     type: bool
@@ -209,8 +246,8 @@ EXAMPLES = r"""
     timeout_s: "{{ gpufleet_stack.postcheck.smoke.timeout_s }}"
     target_sms: "{{ gpufleet_stack.gpu.target_sms }}"
     per_sm: "{{ gpufleet_stack.postcheck.smoke.per_sm }}"
-    env:
-      CUDA_HOME: /usr/local/cuda-13.0
+    server_unit: sglang
+    env_file: /etc/gpufleet/sglang.env
     fail_on_failure: false
   register: __postcheck_smoke
 
@@ -272,8 +309,13 @@ host_checks:
       returned: when the check ran
       type: dict
 gpus:
-  description: Per GPU C(index), C(uuid), C(name), C(sm), C(wall_s) and C(checks) (name -> status, message, raw
-    measurements with C(seconds)).
+  description:
+    - Per GPU C(index), C(uuid), C(name), C(sm), C(wall_s), C(checks) (name -> status (C(passed), C(failed),
+      C(out_of_memory), C(skipped), C(info), C(error)), message, raw measurements with C(seconds) and C(memory)) and
+      C(memory) (C(checks) - per check C(free_before_mib), C(total_mib), C(peak_allocated_mib), C(peak_reserved_mib),
+      C(free_after_mib), C(device_used_after_mib), C(process_nvml_mib) where the venv has nvidia-ml-py -, the largest
+      (C(peak_check), C(peak_reserved_mib), C(peak_allocated_mib), C(peak_device_used_mib)) and C(before_run) (what
+      the GPU's processes held before the smoke test, the serving unit's apart)).
   returned: always
   type: list
   elements: dict
@@ -287,8 +329,35 @@ wall_s:
   type: float
 env:
   description: Variables the module set in the workers' environment (multicast off, device order, extras).
-  returned: always
+  returned: when the workers ran
   type: dict
+serving_env:
+  description:
+    - Where the workers' environment came from - C(source) (C(kind) C(process) with its C(pid), C(file) with its
+      C(path), or C(module); C(not_used) says why a better source was not used), C(changed) (the variables the module
+      set to other values than the serving environment's, with their values), C(from_caller) (names given in O(env)),
+      C(names) (every variable name; values are not returned, they may hold secrets) and C(presence_flags) (variables
+      that act by their mere presence, with the reason).
+  returned: when the workers ran
+  type: dict
+server:
+  description: The server the module was told about (see nvml_info's RV(server)).
+  returned: when a server option was given
+  type: dict
+memory:
+  description:
+    - The smoke test's largest footprint - C(peak_reserved_mib) (torch's reserved memory of the largest check on any
+      GPU), C(peak) (which GPU and check), C(allreduce_peak_reserved_mib) and C(allreduce_peak_device_used_mib) (the
+      all-reduce ranks, NCCL's buffers included in the device figure), C(nvml_error) (why what the GPUs' processes hold
+      could not be read).
+  returned: when the workers ran
+  type: dict
+  sample: {peak_reserved_mib: 1664, peak: GPU 0 bf16_matmul, allreduce_peak_reserved_mib: 512, nvml_error: null}
+out_of_memory:
+  description: One message per check that ran out of GPU memory (also in RV(failures)).
+  returned: when the workers ran
+  type: list
+  elements: str
 """
 
 import inspect
@@ -298,7 +367,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _smoke, _smoke_worker
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml, _server, _smoke, _smoke_worker
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "default": "/opt/gpufleet/serving/current"},
@@ -336,6 +405,8 @@ ARGUMENT_SPEC = {
     "matmul_size": {"type": "int", "default": 8192},
     "allreduce_size_mb": {"type": "int", "default": 256},
     "env": {"type": "dict", "default": {}},
+    "env_file": {"type": "path"},
+    **_server.SERVER_SPEC,
     "gpu_required": {"type": "bool", "default": True},
     "device": {"type": "str", "choices": ["cuda", "cpu"], "default": "cuda"},
     "cpu_ranks": {"type": "int", "default": 2},
@@ -368,10 +439,11 @@ def write_worker(module) -> str:
 
 
 class SmokeTest:
-    def __init__(self, params, worker, python, env):
+    def __init__(self, params, worker, python, env, held=None):
         self.p = params
         self.python = python
         self.env = env
+        self.held = held or {}
         self.base = [python, worker]
         self.wanted = set(params["checks"] or (c for c in _smoke.ALL_CHECKS if c != _smoke.BUILD_CHECK))
         if params["build_check"]:
@@ -424,9 +496,10 @@ class SmokeTest:
         return results
 
     def gpu_params(self, device):
-        """Judging parameters for one GPU: the profile's per-SM tolerances win for its SM."""
+        """Judging parameters for one GPU: the profile's per-SM tolerances win for its SM; what its processes held."""
         sm = _smoke.sm_key(device.get("sm"))
-        return dict(self.judge_params, tolerances=_smoke.tolerances_for(self.p["tolerances"], self.p["per_sm"], sm))
+        tolerances = _smoke.tolerances_for(self.p["tolerances"], self.p["per_sm"], sm)
+        return dict(self.judge_params, tolerances=tolerances, held=self.held.get(device.get("uuid")))
 
     def run_allreduce(self, world_size):
         backend = "gloo" if self.p["device"] == "cpu" else "nccl"
@@ -478,7 +551,17 @@ def cpu_devices(count):
     return [{"index": i, "uuid": f"cpu-rank-{i}", "name": "cpu", "sm": None} for i in range(count)]
 
 
-def run(module):
+def serving_environment(module, server):
+    """The workers' environment (the serving unit's, O(env) over it) and the report of where it came from."""
+    p = module.params
+    serving_env, source = _server.serving_environment(server["main_pid"], p["env_file"], os.environ)
+    env = _smoke.build_env(serving_env, p["env"])
+    report = _smoke.env_report(serving_env, env, p["env"], source)
+    report["presence_flags"] = _server.presence_flags(env)
+    return env, report
+
+
+def run(module, nvml_loader=_nvml.load_pynvml):
     p = module.params
     host = socket.gethostname()
     python = p["python"] or os.path.join(p["venv"], "bin", "python")
@@ -492,8 +575,13 @@ def run(module):
             " venv/python at an existing one",
             python=python,
         )
-    env = _smoke.build_env(os.environ, p["env"])
-    test = SmokeTest(p, write_worker(module), python, env)
+    server = _server.resolve(p, module.get_bin_path, module.run_command)
+    env, env_report = serving_environment(module, server)
+    held, held_error = {}, "cpu run"
+    if p["device"] == "cuda":
+        held, held_error = _nvml.read_memory_holders(nvml_loader, server["pids"])
+    test = SmokeTest(p, write_worker(module), python, env, held)
+    test.judge_params["env_flags"] = [_server.presence_flag_message(f) for f in env_report["presence_flags"]]
     began = time.monotonic()
     host_raw = test.run_host()
     torch_env = host_raw.get("torch_env", {})
@@ -517,7 +605,8 @@ def run(module):
         checks = {name: judge_gpu_check(test, name, r, device) for name, r in raw.items()}
         if "arch_in_list" in test.wanted and p["device"] == "cuda":
             checks["arch_in_list"] = _smoke.judge_arch(device, torch_env.get("arch_list", []))
-        gpus.append(dict(device, wall_s=wall, checks=checks))
+        memory = dict(_smoke.check_memory(checks), before_run=held.get(device.get("uuid")))
+        gpus.append(dict(device, wall_s=wall, checks=checks, memory=memory))
     allreduce = test.run_allreduce(len(devices)) if "nccl_allreduce" in test.wanted else None
     host_checks = host_outcomes(test, host_raw, devices)
     if _smoke.BUILD_CHECK in test.wanted:
@@ -532,8 +621,13 @@ def run(module):
         gpus=gpus,
         wall_s=round(time.monotonic() - began, 2),
         env={k: env[k] for k in sorted(set(_smoke.MULTICAST_OFF) | {"CUDA_DEVICE_ORDER"} | set(p["env"]))},
+        serving_env=env_report,
+        memory=dict(_smoke.memory_summary(gpus, allreduce), nvml_error=held_error),
+        out_of_memory=_smoke.out_of_memory_messages(host_checks, gpus, allreduce),
         **summary,
     )
+    if server["pids"] is not None or server["error"]:
+        result["server"] = _server.server_fact(server)
     if allreduce is not None:
         result["allreduce"] = allreduce
     return result

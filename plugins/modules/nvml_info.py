@@ -79,7 +79,7 @@ options:
     description:
       - Main pid of the server, for a host without systemd (the launcher's pid); wins over O(server_unit). It and
         every process below it that runs now are the server's.
-      - C(0) says no server runs: then every compute process is foreign, and a note says so.
+      - C(0) says no server runs; then every compute process is foreign, and a note says so.
     type: int
   server_cgroup:
     description:

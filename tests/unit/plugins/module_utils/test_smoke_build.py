@@ -114,10 +114,25 @@ def test_probes_expected_true_pass_and_anything_else_fails():
     assert unread["status"] == "failed" and "probes were not read (not installed (x))" in unread["message"]
 
 
-def test_target_env_builds_for_one_arch_into_a_scratch_workspace():
+def test_target_env_builds_for_one_arch_into_a_scratch_workspace_and_strips_nothing():
     target = _smoke.build_plan(["12.0"], [])[0]
     env = _smoke.target_env({"FLASHINFER_DISABLE_JIT": "0", "CUDA_HOME": "/c"}, target, "/tmp/ws")
-    assert env == {"CUDA_HOME": "/c", "FLASHINFER_CUDA_ARCH_LIST": "12.0a", "FLASHINFER_WORKSPACE_BASE": "/tmp/ws"}
+    assert env == {
+        "FLASHINFER_DISABLE_JIT": "0",  # the server runs with it: so does the build check, which then fails naming it
+        "CUDA_HOME": "/c",
+        "FLASHINFER_CUDA_ARCH_LIST": "12.0a",
+        "FLASHINFER_WORKSPACE_BASE": "/tmp/ws",
+    }
+
+
+def test_a_build_that_fails_names_what_in_the_serving_environment_turns_the_jit_off():
+    target = _smoke.build_plan(["12.0"], [])[0]
+    raw = {"status": "error", "error": "RuntimeError: JIT compilation is disabled"}
+    flag = "FLASHINFER_DISABLE_JIT='0': flashinfer turns its JIT compiler off whenever the variable is set"
+    got = _smoke.judge_build({target["check"]: raw}, [target], ["sm_120"], "13.0", {"env_flags": [flag]})
+    assert got["status"] == "failed" and got["message"].endswith(f"; the serving environment sets {flag}")
+    got = _smoke.judge_build({target["check"]: raw}, [target], ["sm_120"], "13.0", {})
+    assert "serving environment" not in got["message"]
 
 
 # ------------------------------------------------------------------------------ the recorded H200 run

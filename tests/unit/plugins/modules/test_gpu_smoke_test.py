@@ -203,3 +203,103 @@ def test_the_build_check_runs_only_when_named_or_asked_for():
     assert wanted({"build_check": True}) == default | {_smoke.BUILD_CHECK}
     assert wanted({"checks": ["arch_in_list"], "build_check": True}) == {"arch_in_list", _smoke.BUILD_CHECK}
     assert wanted({"checks": ["build_targets"]}) == {_smoke.BUILD_CHECK}
+
+
+# ------------------------------------------------------- beside a resident server: its environment and its memory
+
+# torch's view of the recorded H200: the module pairs it with NVML's by UUID (indices differ under
+# CUDA_VISIBLE_DEVICES)
+H200_UUID = next(
+    c["result"]
+    for c in json.loads((DATA / "h200-nvml-record.json").read_text())["calls"]
+    if c["fn"] == "nvmlDeviceGetUUID"
+)
+H200 = {"index": 0, "uuid": H200_UUID, "name": "NVIDIA H200", "sm": "sm_90"}
+TORCH_ENV = {"status": "measured", "torch_version": "2.11.0+cu130", "torch_cuda": "13.0", "arch_list": ["sm_90"]}
+# The kernels' raw results of the recorded warm H200 run: what a passing check reports.
+RECORDED_CHECKS = json.loads((DATA / "h200-postcheck-warm.json").read_text())["smoke"]["gpus"][0]["checks"]
+MATMUL, DECODE = (RECORDED_CHECKS[c]["raw"] for c in ("bf16_matmul", "flashinfer_single_decode"))
+
+
+def beside_a_server(monkeypatch, tmp_path, gpu_raw):
+    """The module against a stand-in GPU worker, with a real process standing in for the server (its environment
+    is read from /proc) and NVML's answers replayed with the server's process holding 120 GiB."""
+    import subprocess
+
+    nvml_fake = fake_nvml()
+    server_env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/usr/local/cuda-13.0", "SERVING_ONLY": "1"}
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=server_env)
+    monkeypatch.setenv("MODULE_ONLY", "1")
+    calls = []
+
+    def run_stream(argv, env, checks, timeout_s):
+        calls.append((argv, env, checks))
+        if "host" in argv:
+            return {"torch_env": dict(TORCH_ENV, devices=[H200])}
+        return {c: gpu_raw[c] for c in checks}
+
+    monkeypatch.setattr(_smoke, "run_stream", run_stream)
+    procs = [{"pid": server.pid, "usedGpuMemory": 120 * 2**30}]
+    nvml = nvml_fake.FakeNVML(
+        nvml_fake.load(), {"nvmlDeviceGetComputeRunningProcesses": procs, "nvmlSystemGetProcessName": "python3"}
+    )
+    args = {
+        "python": sys.executable,
+        "checks": ["bf16_matmul", "flashinfer_single_decode"],
+        "server_main_pid": server.pid,
+        "env_file": str(tmp_path / "absent.env"),
+        "required_packages": ["torch"],
+    }
+    try:
+        with patch_module_args(args):
+            module = gpu_smoke_test.build_module()
+        result = gpu_smoke_test.run(module, nvml_loader=lambda: nvml)
+    finally:
+        server.kill()
+        server.wait()
+    return result, calls, server.pid
+
+
+def fake_nvml():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nvml_fake", DATA / "nvml_fake.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_beside_a_server_the_workers_run_with_its_environment_and_report_memory(monkeypatch, tmp_path):
+    memory = {"free_before_mib": 20000, "total_mib": 143771, "peak_allocated_mib": 1280, "peak_reserved_mib": 1536}
+    gpu_raw = {
+        "bf16_matmul": dict(MATMUL, memory=memory),
+        "flashinfer_single_decode": dict(DECODE, memory=dict(memory, peak_reserved_mib=40)),
+    }
+    result, calls, pid = beside_a_server(monkeypatch, tmp_path, gpu_raw)
+    assert result["status"] == "passed", result["failures"]
+    env = calls[0][1]
+    assert env["SERVING_ONLY"] == "1" and env["CUDA_HOME"] == "/usr/local/cuda-13.0" and "MODULE_ONLY" not in env
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert result["serving_env"]["source"] == {"kind": "process", "pid": pid, "path": f"/proc/{pid}/environ"}
+    assert result["serving_env"]["presence_flags"] == []
+    assert result["server"]["main_pid"] == pid and pid in result["server"]["pids"]
+    gpu = result["gpus"][0]
+    assert gpu["memory"]["peak_check"] == "bf16_matmul" and gpu["memory"]["peak_reserved_mib"] == 1536
+    assert gpu["memory"]["before_run"]["server_pids"] == [pid] and gpu["memory"]["before_run"]["server_mib"] == 122880
+    assert result["memory"]["peak_reserved_mib"] == 1536 and result["memory"]["peak"] == "GPU 0 bf16_matmul"
+    assert result["memory"]["nvml_error"] is None and result["out_of_memory"] == []
+
+
+def test_beside_a_server_an_out_of_memory_is_reported_as_that(monkeypatch, tmp_path):
+    oom = {
+        "status": "out_of_memory",
+        "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB",
+        "memory": {"free_before_mib": 100, "total_mib": 143771, "free_after_mib": 90, "peak_reserved_mib": 0},
+    }
+    gpu_raw = {"bf16_matmul": oom, "flashinfer_single_decode": DECODE}
+    result, _calls, pid = beside_a_server(monkeypatch, tmp_path, gpu_raw)
+    assert result["status"] == "failed" and result["gpus"][0]["checks"]["bf16_matmul"]["status"] == "out_of_memory"
+    assert result["out_of_memory"] == result["failures"] and len(result["failures"]) == 1
+    message = result["failures"][0]
+    assert "bf16_matmul: out of memory, not a kernel error: 100 MiB of 143771 MiB were free" in message
+    assert f"the serving unit's processes {pid} hold 122880 MiB" in message
