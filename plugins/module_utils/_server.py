@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _proc
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _proc, _unit
 
 # Options naming the serving unit, shared by the modules that look at its processes (nvml_info, gpu_smoke_test).
 SERVER_SPEC = {
@@ -47,39 +47,22 @@ def unit_name(unit: str) -> str:
     return unit if "." in unit else f"{unit}.service"
 
 
-def parse_systemctl_show(text: str) -> dict:
-    """``systemctl show -p A -p B unit`` prints ``A=value`` lines, in systemd's order, not the order asked."""
-    out = {}
-    for line in (text or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
-
-
 def read_unit(unit: str, which, run) -> dict:
-    """The unit's main pid, cgroup and states. ``which(name)`` finds an executable (None when absent), ``run(argv)``
-    returns ``(rc, stdout, stderr)`` (AnsibleModule.get_bin_path and run_command)."""
+    """The unit's main pid, cgroup and state (``systemctl show``, read by _unit.parse_show). ``which(name)`` finds an
+    executable (None when absent), ``run(argv)`` returns ``(rc, stdout, stderr)`` (AnsibleModule.get_bin_path and
+    run_command)."""
     systemctl = which("systemctl")
     if not systemctl:
         raise ServerUnknown("this host has no systemctl (no systemd): give the server's main pid instead")
     name = unit_name(unit)
-    argv = [systemctl, "show", "-p", "MainPID", "-p", "ControlGroup", "-p", "ActiveState", "-p", "LoadState", name]
+    argv = [systemctl, "show", name, "--no-pager", "-p", "MainPID,ControlGroup,ActiveState,LoadState"]
     rc, out, err = run(argv)
     if rc != 0:
         raise ServerUnknown(f"`{' '.join(argv[1:])}` exited {rc}: {(err or out).strip()[-300:]}")
-    shown = parse_systemctl_show(out)
-    if shown.get("LoadState") == "not-found":
+    if "LoadState=not-found" in out.splitlines():
         raise ServerUnknown(f"systemd knows no unit {name}")
-    try:
-        main_pid = int(shown.get("MainPID", ""))
-    except ValueError:
-        raise ServerUnknown(f"`systemctl show {name}` gave no MainPID: {out.strip()[-300:]!r}") from None
-    return {
-        "main_pid": main_pid,
-        "cgroup": shown.get("ControlGroup") or None,
-        "active_state": shown.get("ActiveState"),
-    }
+    shown = _unit.parse_show(out)
+    return {"main_pid": shown["main_pid"], "cgroup": shown["control_group"], "active_state": shown["active_state"]}
 
 
 def server_pid_set(server_pids=None, main_pid=None, cgroup=None, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
