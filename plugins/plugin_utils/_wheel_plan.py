@@ -33,7 +33,12 @@ except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a c
     HAS_PACKAGING = False
     PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher, HashRecord
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import (
+    Fetcher,
+    HashRecord,
+    hash_note,
+    settle_hashes,
+)
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._lock_rules import (
     companions_from_profile,
     judge_lock,
@@ -63,8 +68,20 @@ def probe(fetcher: Fetcher, wheels: dict, rules_by_pkg: list, target: Target) ->
     urls = {i["name"]: i["url"] for i in wheels["indexes"]}
     cands = []
     for rule in rules_by_pkg:
+        listed = []
         for index in rule.indexes:
-            cands.extend(fetcher.listing(index, urls[index], rule.name))
+            listed.extend(fetcher.listing(index, urls[index], rule.name))
+        absent = [
+            f"{i!r} ({fetcher.not_carried[(i, rule.key)]})"
+            for i in rule.indexes
+            if (i, rule.key) in fetcher.not_carried
+        ]
+        if not listed and len(absent) == len(rule.indexes):
+            raise PlanError(
+                f"no index of {rule.name} carries it: {', '.join(absent)} answered that the project is not there"
+                " (not carried by this index); add an index that carries it to the package's indexes"
+            )
+        cands.extend(listed)
     fetcher.date_undated(dating_needed(rules_by_pkg, cands, target))
     return cands
 
@@ -218,14 +235,10 @@ def make_lock(
     cands = probe(fetcher, wheels, rules_by_pkg, target)
     metadata_of = _metadata_memo(fetcher)
     chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, metadata_of, today=today)
-    for cand in chosen.values():
-        if not cand.sha256:
-            raise PlanError(
-                f"index {cand.index!r} lists {cand.filename} without a sha256; the lock requires hashes."
-                " Use an index that publishes hashes (PEP 503 #sha256= or PEP 691 hashes)."
-            )
-    pins = {}
     record = HashRecord(wheelhouse) if wheelhouse else None
+    # A link without a sha256 or a republished file name: the lock takes the hash of the file the index serves.
+    note_listings(report, rules_by_pkg, fetcher, settle_hashes(fetcher, chosen, wheelhouse, record))
+    pins = {}
     for key, cand in chosen.items():
         if wheelhouse:
             path = os.path.join(wheelhouse, cand.filename)
@@ -261,6 +274,18 @@ def make_lock(
         "report": report,
         "lock_rules": rules_report,
     }
+
+
+def note_listings(report: dict, rules_by_pkg: list, fetcher: Fetcher, hashes: dict) -> None:
+    """Into the plan report: per package the hash settled by download (``_index.settle_hashes``) and the indexes
+    that do not carry it (``Fetcher.not_carried``: an HTTP 403 or 404 for its listing)."""
+    for rule in rules_by_pkg:
+        rep = report[rule.name]
+        if rule.key in hashes:
+            rep["hash"] = hashes[rule.key]
+        for index in rule.indexes:
+            if (index, rule.key) in fetcher.not_carried:
+                rep["sources"][index] = dict(rep["sources"][index], not_carried=fetcher.not_carried[(index, rule.key)])
 
 
 def _metadata_memo(fetcher: Fetcher):
@@ -333,6 +358,9 @@ def report_lines(lock: dict) -> list:
     for name, rep in lock["report"].items():
         lines.append(f"{name}: {rep['why']}")
         for index, src in rep["sources"].items():
+            if src.get("not_carried"):
+                lines.append(f"  source {index}: not carried by this index ({src['not_carried']} for the project)")
+                continue
             if src["stale"]:
                 state = f"STALE ({src['reason']})"
             elif src["undatable"]:
@@ -343,8 +371,13 @@ def report_lines(lock: dict) -> list:
                 f"  source {index}: {src['count']} file(s), newest build {src['newest'] or 'undated'}"
                 f" (release {src.get('newest_release') or '-'}): {state}"
             )
+        if rep.get("hash"):
+            lines.append(f"  {hash_note(rep['hash'])}")
         for cand in rep["candidates"]:
-            lines.append(f"    {cand['index']}: {cand['filename']} ({cand['date'] or 'undated'}): {cand['status']}")
+            again = f", republished: {cand['republished']} hashes listed" if cand.get("republished") else ""
+            lines.append(
+                f"    {cand['index']}: {cand['filename']} ({cand['date'] or 'undated'}{again}): {cand['status']}"
+            )
     lines += lock_rule_lines(lock.get("lock_rules") or {})
     deps = [e for e in lock["packages"] if e["role"] == "dependency"]
     if deps:
