@@ -4,9 +4,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from packaging.metadata import Metadata
+from packaging.utils import canonicalize_name
 
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_rules as lr
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import Target, declared_requirements
 
 # uv pip compile --annotation-style line, as uv 0.13 writes it for the plan's pyproject and overrides file.
 UV_OUTPUT = """\
@@ -15,7 +20,8 @@ nvidia-cublas==13.1.0.3   # via torch
 nvidia-cublas-cu12==12.8.4.1  # via old-kernel
 nvidia-cuda-runtime==13.0.96  # via torch
 old-kernel==1.0           # via sglang
-torch @ file:///wh/torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl  # via gpufleet-plan (pyproject.toml), sglang, torchvision, --override overrides.txt
+torch @ file:///wh/torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl  # via gpufleet-plan (pyproject.toml), sglang, \
+torchvision, --override overrides.txt
 torchvision==0.24.1       # via sglang
 flashinfer-python==0.6.4  # via flashinfer-jit-cache, gpufleet-plan (pyproject.toml), sglang[srt]
 """
@@ -227,6 +233,80 @@ def test_report_lines_list_the_cuda_of_each_package_and_the_pairs():
     )
     lines = lr.report_lines(rep)
     assert lines[0] == (
-        "CUDA builds: torch 2.11.0+cu130 (CUDA 13, local tag cu130), torchvision 0.26.0+cu130 (CUDA 13, local tag cu130)"
+        "CUDA builds: torch 2.11.0+cu130 (CUDA 13, local tag cu130),"
+        " torchvision 0.26.0+cu130 (CUDA 13, local tag cu130)"
     )
     assert lines[1].startswith("companion torchvision 0.26.0+cu130 pairs with torch 2.11.0+cu130 (the profile:")
+
+
+# --- on the real wheels' METADATA (tests/data/lock_rules, recorded from the default index) ------------------------
+
+REAL = Path(__file__).resolve().parents[3] / "data" / "lock_rules"
+TARGET = Target("3.12", "x86_64-manylinux_2_28")
+
+
+def real(filename):
+    meta = Metadata.from_email((REAL / f"{filename}.metadata").read_bytes(), validate=False)
+    return filename, declared_requirements(meta, TARGET)
+
+
+def torch_lock(filename):
+    """A lock of torch and what its real METADATA requires on the target, at the pinned (or lowest allowed)
+    versions, with the graph uv would annotate (each required by torch)."""
+    filename, requires = real(filename)
+    version = filename.split("-")[1]
+    entries, graph = [entry("torch", version, filename)], {"torch": [lr.ROOT]}
+    for req in requires:
+        floors = [str(s.version) for s in req.specifier if s.operator in ("==", ">=")]
+        pinned = min(floors) if floors else "1.0"
+        entries.append(entry(canonicalize_name(req.name), pinned))
+        graph[canonicalize_name(req.name)] = ["torch"]
+    return entries, graph
+
+
+def test_the_default_index_s_torch_2_11_is_cuda_13_by_the_libraries_it_requires():
+    entries, graph = torch_lock("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl")
+    verdict = lr.judge_lock(entries, graph, {}, profile())
+    cuda = verdict["cuda"]
+    assert cuda["torch"]["cuda"] == 13 and cuda["torch"]["from"].startswith("the CUDA libraries it requires (cuda-")
+    assert {n: r["cuda"] for n, r in cuda.items() if n != "torch"} == {
+        "cuda-bindings": 13,
+        "cuda-toolkit": 13,
+        "nvidia-cudnn-cu13": 13,
+        "nvidia-cusparselt-cu13": 13,
+        "nvidia-nccl-cu13": 13,
+        "nvidia-nvshmem-cu13": 13,
+    }
+
+
+def test_the_default_index_s_torch_2_9_1_is_refused_by_a_cuda_13_profile_with_each_cu12_library_named():
+    entries, graph = torch_lock("torch-2.9.1-cp312-cp312-manylinux_2_28_x86_64.whl")
+    with pytest.raises(lr.LockRefused) as err:
+        lr.judge_lock(entries, graph, {}, profile())
+    problems = str(err.value).split(" | ")
+    cu12 = [e["name"] for e in entries if e["name"].endswith("-cu12")]
+    assert len(cu12) == 15
+    assert len(problems) == len(cu12) + 1  # each library, and torch itself
+    assert any(p.startswith("torch 2.9.1 is built for CUDA 12 (the CUDA libraries it requires (") for p in problems[1:])
+    assert (
+        "nvidia-cublas-cu12 12.8.4.1 is built for CUDA 12 (name suffix -cu12), the profile's CUDA is 13.0;"
+        " required by torch 2.9.1" in str(err.value)
+    )
+
+
+@pytest.mark.parametrize(("torchvision", "ok"), [("0.26.0", True), ("0.24.1", False)])
+def test_the_real_torchvision_pairs_by_its_metadata_pin(torchvision, ok):
+    tv_file, tv_requires = real(f"torchvision-{torchvision}-cp312-cp312-manylinux_2_28_x86_64.whl")
+    entries, graph = torch_lock("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl")
+    entries.append(entry("torchvision", torchvision, tv_file))
+    graph["torch"].append("torchvision")
+    assert lr.metadata_wanted(entries, {}, graph) == ["torchvision"]
+    if ok:
+        pair = lr.judge_lock(entries, graph, {"torchvision": tv_requires}, profile())["companions"]
+        assert pair[0]["by"] == "its METADATA: torch==2.11.0" and pair[0]["ok"]
+    else:
+        with pytest.raises(
+            lr.LockRefused,
+            match=r"torchvision 0\.24\.1 does not pair with torch 2\.11\.0 \(its METADATA pairs torch==2\.9\.1\)",
+        ):
+            lr.judge_lock(entries, graph, {"torchvision": tv_requires}, profile())
