@@ -15,6 +15,15 @@ NVLink multicast stays off for everything started here.
 
 A last run corrupts --fault's kernels by about 3 % (GPUFLEET_SMOKE_INJECT_FAULT) and must fail the host.
 
+Beside a resident server (--beside-server): the post-check as it runs after the switch, with the server up. The
+lab's SGLang stand-in starts in GPU mode as a plain process tree (no systemd here; one worker per GPU holding
+--mem-fraction-static of its memory, bench/spec_decode_device.py's Server) and its launcher's pid goes where the
+unit's MainPID would be read (postcheck_server_main_pid, the audit's serving.main_pid). Runs: the post-check with
+its benchmark against the server (must pass, the server's processes listed as its own), the audit's GPU judgement
+(host_state, tests/integration/playbooks/audit_gpus_device.yml), then both again with a foreign torch process
+holding --foreign-mib beside the server (must fail, naming it).
+    device run (carry .whl): python3 bench/smoke_device.py $OUT --beside-server
+
 Several GPUs (issue 8): the same command on nvidia-h200-x8 (or -x4/-x2), with GPUFLEET_EXPECTED_GPUS=8 so the
 NVML gate also checks the count; the all-reduce then spans every GPU (one process each, NCCL) and reports its bus
 bandwidth. Compare wall times with tests/data/device/h200-summary.json (one H200).
@@ -68,7 +77,7 @@ def cuda_home():
     return os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else "/usr/local/cuda"
 
 
-def playbook(out, run, profile, env, cuda, fault=""):
+def playbook(out, run, profile, env, cuda, fault="", extra_vars=None, log_dir=None):
     state, ctl = f"/tmp/pc-state-{run}", f"/tmp/pc-ctl-{run}"
     smoke_env = {"CUDA_HOME": cuda, "MAX_JOBS": str(os.cpu_count() or 8)}
     if fault:  # proof that the gate catches a slightly wrong kernel on this GPU
@@ -81,6 +90,7 @@ def playbook(out, run, profile, env, cuda, fault=""):
         "postcheck_smoke_env": smoke_env,
         "postcheck_expected_gpu_count": int(env.get("GPUFLEET_EXPECTED_GPUS", "0")),
         "ansible_python_interpreter": sys.executable,
+        **(extra_vars or {}),
     }
     cmd = [
         sys.executable,
@@ -98,7 +108,7 @@ def playbook(out, run, profile, env, cuda, fault=""):
     began = time.monotonic()
     res = subprocess.run(cmd, text=True, capture_output=True, env=env, cwd=REPO)
     wall = time.monotonic() - began
-    with open(os.path.join(out, f"playbook-run{run}.log"), "w") as log:
+    with open(os.path.join(log_dir or out, f"playbook-run{run}.log"), "w") as log:
         log.write(res.stdout + "\n--- stderr ---\n" + res.stderr)
     host_files = sorted(glob.glob(f"{state}/results/postcheck-*.json"))
     ctl_files = sorted(glob.glob(f"{ctl}/results/localhost/postcheck-*.json"))
@@ -121,6 +131,7 @@ def summarize(run):
     res = run["result"] or {}
     smoke = res.get("smoke", {})
     rows = {}
+    memory = {}
     for name, check in smoke.get("host_checks", {}).items():
         rows[name] = check["status"]
     for gpu in smoke.get("gpus", []):
@@ -129,6 +140,8 @@ def summarize(run):
             rows[f"gpu{gpu['index']}.{name}"] = (
                 f"{check['status']} ({raw.get('seconds', '-')} s) {check['message'][:160]}"
             )
+            if isinstance(raw.get("memory"), dict):
+                memory[f"gpu{gpu['index']}.{name}"] = raw["memory"]
     if "allreduce" in smoke:
         rows["nccl_allreduce"] = f"{smoke['allreduce']['status']} {smoke['allreduce']['message']}"
     return {
@@ -137,10 +150,89 @@ def summarize(run):
         "smoke_wall_s": smoke.get("wall_s"),
         "passed": res.get("passed"),
         "gates": {k: v["status"] for k, v in res.get("gates", {}).items()},
+        "gate_reasons": {k: v.get("reasons") for k, v in res.get("gates", {}).items()},
+        "gate_notes": {k: v.get("notes") for k, v in res.get("gates", {}).items()},
         "failures": res.get("failures"),
         "checks": rows,
+        "smoke_memory_per_check": memory,
+        "smoke_memory": smoke.get("memory"),
+        "gpu_health": {k: (res.get("nvml") or {}).get(k) for k in ("server", "server_processes", "foreign_processes")},
         "controller_file": run["controller_file"],
     }
+
+
+def audit_gpus(out, tag, profile, env, main_pid):
+    """The audit's GPU judgement (host_state with the server's main pid, in check mode as the audit runs)."""
+    path = os.path.join(out, f"audit-{tag}.json")
+    extra = {
+        "gpufleet_stack_profile": profile,
+        "audit_device_server_main_pid": main_pid,
+        "audit_device_out": path,
+        "ansible_python_interpreter": sys.executable,
+    }
+    cmd = [sys.executable, "-m", "ansible", "playbook", "-i", "localhost,", "-c", "local", "--check"]
+    cmd += [os.path.join(REPO, "tests/integration/playbooks/audit_gpus_device.yml"), "-e", json.dumps(extra)]
+    began = time.monotonic()
+    res = subprocess.run(cmd, text=True, capture_output=True, env=env, cwd=REPO)
+    wall = round(time.monotonic() - began, 1)
+    verdict = None
+    if os.path.exists(path):
+        with open(path) as handle:
+            verdict = json.load(handle)
+    health = (verdict or {}).get("gpu_health") or {}
+    gpus_item = next((i for i in (verdict or {}).get("items", []) if i.get("item") == "gpus"), None)
+    return {
+        "rc": res.returncode,
+        "wall_s": wall,
+        "gpus_item": gpus_item,
+        "healthy": health.get("healthy"),
+        "reasons": health.get("reasons"),
+        "server_processes": health.get("server_processes"),
+        "foreign_processes": health.get("foreign_processes"),
+        "tail": None if verdict else (res.stdout + res.stderr)[-2000:],
+    }
+
+
+def beside_server(args, env, cuda, summary):
+    """The post-check and the audit's GPU judgement beside the resident stand-in, then with a foreign process."""
+    from spec_decode_device import FOREIGN, Server, profile_settings
+
+    serving, _bench_profile = profile_settings(args.profile)
+    # As the serving unit sets it: the smoke test runs with the server's environment, flashinfer's JIT finds nvcc here.
+    os.environ["CUDA_HOME"] = cuda
+    # Logs stay in /tmp: what comes back from the device is a few files (the results, the summary).
+    server = Server("/tmp", 30000, serving, tag="lab-sglang-server")
+    print(f"server pid {server.pid}, healthy after {server.start_s} s", flush=True)
+    summary["server"] = {"pid": server.pid, "start_s": server.start_s, "argv": server.argv}
+    extra = {
+        "postcheck_server_main_pid": str(server.pid),
+        "postcheck_bench_enabled": True,
+        "postcheck_bench_server_url": server.url,
+    }
+    foreign = None
+    try:
+        summary["server"]["gpu"] = server.info()["gpufleet_lab"]["gpu"]["workers"]
+        for run, tag in enumerate(("beside-server", "beside-server-warm"), start=1):
+            if run > 1 and args.runs < 2:
+                break
+            result = playbook(args.out, tag, args.profile, env, cuda, extra_vars=extra, log_dir="/tmp")
+            summary["runs"].append(dict(summarize(result), run=tag))
+        summary["audit"] = {"beside-server": audit_gpus(args.out, "beside-server", args.profile, env, server.pid)}
+        foreign = subprocess.Popen(
+            [sys.executable, "-c", FOREIGN, str(args.foreign_mib)], stdout=subprocess.PIPE, text=True, env=env
+        )
+        print("foreign process", foreign.pid, foreign.stdout.readline().strip(), flush=True)
+        summary["foreign_pid"] = foreign.pid
+        result = playbook(args.out, "foreign", args.profile, env, cuda, extra_vars=extra, log_dir="/tmp")
+        summary["runs"].append(dict(summarize(result), run="foreign"))
+        summary["audit"]["foreign"] = audit_gpus(args.out, "foreign", args.profile, env, server.pid)
+    finally:
+        if foreign is not None:
+            foreign.terminate()
+            foreign.wait(30)
+        server.stop()
+        with open(server.log_path) as handle:
+            summary["server"]["log_tail"] = handle.read()[-3000:]
 
 
 def main():
@@ -153,6 +245,8 @@ def main():
     parser.add_argument("--profile", default="cu130")
     parser.add_argument("--budget-s", type=float, default=480)
     parser.add_argument("--no-install", action="store_true", help="the interpreter already has the packages")
+    parser.add_argument("--beside-server", action="store_true", help="the proof beside a resident server (above)")
+    parser.add_argument("--foreign-mib", type=int, default=2048)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     began = time.monotonic()
@@ -178,6 +272,14 @@ def main():
     )
     facts["nvml_record"] = (rec.stdout + rec.stderr)[-1500:]
     summary = {"facts": facts, "runs": []}
+    if args.beside_server:
+        try:
+            beside_server(args, env, facts["cuda_home"], summary)
+        finally:
+            with open(os.path.join(args.out, "summary.json"), "w") as handle:
+                json.dump(summary, handle, indent=1)
+        print(json.dumps(summary, indent=1)[-12000:])
+        return
     plan = [""] * args.runs + ([args.fault] if args.fault else [])
     for run, fault in enumerate(plan, start=1):
         if run > 1 and time.monotonic() - began > args.budget_s:

@@ -81,7 +81,9 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.argv = argv
         self.log_path = os.path.join(out, f"{tag}.log")
-        env = dict(os.environ, PYTHONPATH=STANDIN_SRC, PYTHONUNBUFFERED="1", **MULTICAST_OFF)
+        # The caller's PYTHONPATH stays: it is the server's "venv" (the smoke test runs with the server's environment).
+        path = os.pathsep.join(p for p in (STANDIN_SRC, os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **MULTICAST_OFF)
         self.log = open(self.log_path, "a", encoding="utf-8")  # closed in stop()
         began = time.monotonic()
         # A session of its own: the tree is the server's alone, as a unit's cgroup would be.
