@@ -45,6 +45,8 @@ def indexes(tmp_path_factory):
     make_wheel(cuda, "torchvision", "0.26.0+cu130", ["torch==2.11.0"], tag=COMPILED)
     make_wheel(cuda, "torchao", "0.9.0")
     make_wheel(default, "torchao", "0.9.0")
+    # A newer torch on an index the profile does not name for torch: never taken.
+    make_wheel(default, "torch", "2.11.1+cu130", ["nvidia-cuda-runtime==13.0.96"], tag=COMPILED)
     make_wheel(default, "torchao", "0.15.0")
     # Built against torch 2.12: the override on torch frees it from that pin, and it is the newest torchvision.
     make_wheel(default, "torchvision", "0.27.0", ["torch==2.12.0"], tag=COMPILED)
@@ -130,13 +132,14 @@ def test_a_dependency_the_profile_pins_to_one_index_comes_from_it(indexes):
 
 
 def test_a_profile_package_keeps_the_file_the_plan_chose_from_its_own_indexes(indexes):
-    """torch 2.11 is on the cuda index only, and serve-app pins 2.9.1: the override sends every torch requirement
-    to the chosen file, never to another index's torch."""
+    """The default index has a newer torch build than the cuda index, the only one the profile names for torch,
+    and serve-app pins 2.9.1: every torch requirement goes to the chosen file, never to another index's torch."""
     prof = profile(indexes)
     prof["wheels"]["overrides"].append(TV_OVERRIDE)
     lock = plan(prof)
     torch = next(e for e in lock["packages"] if e["name"] == "torch")
     assert torch["role"] == "profile" and torch["url"].startswith(indexes["cuda"].url[:-7])
+    assert torch["version"] == "2.11.0+cu130"
 
 
 def test_a_cuda_12_library_is_refused_naming_the_chain_unless_the_profile_allows_it(indexes):
