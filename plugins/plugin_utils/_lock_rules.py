@@ -190,9 +190,9 @@ def own_cuda(name: str, version: str) -> tuple | None:
     if match and (name.startswith("nvidia-") or "cuda" in name or name.startswith("cupy")):
         return int(match.group(1)), f"name suffix {match.group(0)}"
     if name in VERSION_IS_CUDA and parsed is not None:
-        return parsed.release[0], f"version {version} ({name} is numbered by the CUDA release)"
+        return parsed.release[0], f"version {version}"
     if name in GENERATION_ONLY:
-        return UNSUFFIXED_GENERATION, f"unsuffixed NVIDIA library (CUDA 12's are {name}-cu12)"
+        return UNSUFFIXED_GENERATION, "unsuffixed NVIDIA library"
     return None
 
 
