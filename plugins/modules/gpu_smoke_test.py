@@ -43,7 +43,7 @@ description:
     C(Environment=) and C(EnvironmentFile=) as they reached the server), else O(env_file) (the unit's environment file,
     read as systemd reads it) over the module's own environment, else the module's environment; RV(serving_env) says
     which and why. Nothing is taken out of it: a variable that turns a feature off by its mere presence
-    (C(FLASHINFER_DISABLE_JIT)) acts on the smoke test as on the server, and RV(serving_env.presence_flags) names it.
+    (C(FLASHINFER_DISABLE_JIT)) acts on the smoke test as on the server, and RV(serving_env) C(presence_flags) names it.
     O(env) is set over it."
   - Every environment the module builds keeps NVLink multicast off (C(NCCL_NVLS_ENABLE=0),
     C(TORCH_SYMM_MEM_DISABLE_MULTICAST=1), C(NVSHMEM_DISABLE_NVLS=1)), whatever the serving environment or O(env)
