@@ -146,12 +146,14 @@ def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_pl
     assert drifted["state"]["consistent"] is False
     assert any("built for CUDA 13.0, CUDA_HOME /usr/local/cuda-12.8" in p for p in drifted["state"]["problems"])
 
-    back = run_playbook(
-        "playbooks/rollback.yml",
-        fleet.inventory,
-        extravars={"rollback_server_info_url": "http://127.0.0.1:{{ gpufleet_serving_port }}/get_server_info"},
-    )
+    back = run_playbook("playbooks/rollback.yml", fleet.inventory)
     assert back.rc == 0, back
+    # What the restored server runs is read from its main process (/proc), as on any server.
+    running = {
+        r.host: r.res
+        for r in back.tasks("Check that the server runs from the restored venv with the restored CUDA_HOME")
+    }
+    assert set(running) == set(fleet.nodes) and all(r["problems"] == [] for r in running.values()), running
     chosen = {node: back.task("Read the backup", host=node).res for node in fleet.nodes}
     judged = {r.host: r.res["ansible_facts"]["rollback_check"] for r in back.tasks("Judge the restored host")}
     for node in fleet.nodes:
@@ -168,3 +170,60 @@ def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_pl
         port = fleet.serving_port(node)
         info = json.loads(sh(node_exec, node, f"curl -s http://127.0.0.1:{port}/get_server_info"))
         assert info["gpufleet_lab"]["cuda_home"] == "/usr/local/cuda-12.8", info["gpufleet_lab"]
+
+
+# --------------------------------------------------------------------------- what runs, not only what was written
+
+DROP_IN_DIR = "/etc/systemd/system/gpufleet-serving.service.d"
+OLD_ENV = "/etc/gpufleet/old-cuda.env"
+
+
+@pytest.fixture(scope="module")
+def one_node(lab_fleet):
+    return lab_fleet(1, name=f"runs-{os.getpid() % 100000}")
+
+
+def test_a_drop_in_is_named_refused_and_a_stale_server_restarted(one_node, run_playbook, node_exec):
+    """A drop-in someone else wrote sets CUDA_HOME through its own environment file: the audit names it, the
+    upgrade refuses before changing anything and says how to fix it. Once removed (systemd reloaded, the unit not
+    restarted) the server still runs with the old CUDA_HOME: the audit says so, and a re-run restarts the unit."""
+    node = one_node.nodes[0]
+    first = upgrade(one_node, run_playbook)
+    assert first.rc == 0 and reports(first)[node]["outcome"] == "upgraded", reports(first)
+    sh(
+        node_exec,
+        node,
+        f"mkdir -p {DROP_IN_DIR} && echo CUDA_HOME=/usr/local/cuda-12.8 > {OLD_ENV} && "
+        f"printf '[Service]\\nEnvironmentFile={OLD_ENV}\\n' > {DROP_IN_DIR}/override.conf && "
+        "systemctl daemon-reload && systemctl restart gpufleet-serving",
+    )
+    pid = sh(node_exec, node, "systemctl show -p MainPID --value gpufleet-serving")
+    line = (
+        f"serving unit: drop-in {DROP_IN_DIR}/override.conf adds EnvironmentFile={OLD_ENV}, which sets "
+        "CUDA_HOME=/usr/local/cuda-12.8, the profile wants /usr/local/cuda-13.0"
+    )
+    audit = run_playbook("playbooks/audit.yml", one_node.inventory, check=True, diff=True)
+    assert audit.rc == 0, audit
+    assert audits(audit)[node]["drift"] == [line], audits(audit)[node]
+
+    refused = upgrade(one_node, run_playbook)
+    assert refused.rc != 0, refused
+    report = reports(refused)[node]
+    assert report["outcome_kind"] == "failed_preflight", report
+    assert f"{DROP_IN_DIR}/override.conf" in report["outcome"] and "daemon-reload" in report["outcome"], report
+    # Nothing was changed: the same server runs on.
+    assert sh(node_exec, node, "systemctl show -p MainPID --value gpufleet-serving") == pid
+
+    sh(node_exec, node, f"rm -rf {DROP_IN_DIR} {OLD_ENV} && systemctl daemon-reload")
+    stale = run_playbook("playbooks/audit.yml", one_node.inventory, check=True)
+    assert audits(stale)[node]["drift"] == [
+        f"serving process: the running server (pid {pid}) runs with CUDA_HOME=/usr/local/cuda-12.8, the unit gives "
+        "CUDA_HOME=/usr/local/cuda-13.0: restart the unit"
+    ], audits(stale)[node]
+
+    repair = upgrade(one_node, run_playbook)
+    assert repair.rc == 0, repair
+    assert reports(repair)[node]["outcome"] == "repaired: " + audits(stale)[node]["drift"][0], reports(repair)[node]
+    assert sh(node_exec, node, "systemctl show -p MainPID --value gpufleet-serving") != pid
+    after = run_playbook("playbooks/audit.yml", one_node.inventory, check=True)
+    assert audits(after)[node]["in_sync"], audits(after)[node]
