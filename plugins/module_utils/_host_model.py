@@ -344,6 +344,12 @@ def _options(argv) -> dict:
     return out
 
 
+def argv_option(argv, option):
+    """The value of ``--option`` in an argv (``--port 30000`` or ``--port=30000``); None when absent."""
+    words = _options(argv).get(option)
+    return words[0] if words else None
+
+
 def argv_difference(have, want) -> str:
     """The first difference of two command lines in words: ``--port 31000, the other says --port 30000``."""
     a, b = _options(have), _options(want)
@@ -366,6 +372,10 @@ def same_command(have, want) -> bool:
         return True
     extra = len(have) - len(want)
     return bool(want) and 0 < extra <= 2 and " ".join(have[extra:]) == " ".join(want)
+
+
+def _clip(text, limit=80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _says(have, want, who):
@@ -475,7 +485,20 @@ def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link)
             disk = next((s for s in sources if s["kind"] == "unit"), None)
             unit_lines += _unit_env_lines(unit, sources, observed.get("env_files") or {}, want_env, env_path)
             unit_lines += _unit_exec_lines(unit, sources, want_argv, (disk or {}).get("settings", {}).get("exec_start"))
-        if unit.get("active_state") != "active":
+        holder = observed.get("port_holder")
+        if unit.get("active_state") != "active" and holder:
+            # Started by hand, most likely: the unit cannot start while it holds the port, and the collection does
+            # not stop a process it did not start.
+            command = " ".join(holder.get("cmdline") or [holder.get("exe") or "?"])
+            unit_lines.append(
+                (
+                    REFUSE,
+                    f"{name} is {unit.get('active_state')}, while pid {holder['pid']} ({_clip(command)}) serves its "
+                    f"port {observed.get('port')}",
+                    f"stop pid {holder['pid']} (the collection does not stop a process it did not start), run again",
+                )
+            )
+        elif unit.get("active_state") != "active":
             unit_lines.append((RESTART, f"{name} is {unit.get('active_state')} ({unit.get('sub_state')}), not serving"))
         drop_ins = [s["path"] for s in sources if s["kind"] == "drop-in"]
         entry = item(
@@ -487,7 +510,7 @@ def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link)
                 "active_state": unit.get("active_state"),
                 "main_pid": unit.get("main_pid"),
             },
-            [f"{SERVING_UNIT}: {words}" for _repair, words in unit_lines],
+            [f"{SERVING_UNIT}: {line[1]}" for line in unit_lines],
         )
         entry.update(_repair_of(unit_lines))
         items.append(entry)
@@ -522,9 +545,12 @@ def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link)
     return items
 
 
-def observe_serving(unit=None, main_pid=None, keys=(), run=None, systemctl="systemctl", proc_root="/proc") -> dict:
+def observe_serving(
+    unit=None, main_pid=None, keys=(), run=None, systemctl="systemctl", proc_root="/proc", port=None
+) -> dict:
     """What runs for a serving unit, or for a main pid where there is no systemd: ``{unit, sources, env_files,
-    process, tree}`` as ``serving_items`` reads it.
+    process, tree, port, port_holder}`` as ``serving_items`` reads it. ``port_holder``: the process that listens on
+    ``port`` while the unit runs none (a server started by hand), else None.
 
     ``keys``: the environment variables whose values are kept, everywhere (unit, files, process). ``run(argv) ->
     (rc, stdout, stderr)`` runs systemctl (AnsibleModule.run_command); its failure raises ``_unit.UnitError``.
@@ -552,19 +578,33 @@ def observe_serving(unit=None, main_pid=None, keys=(), run=None, systemctl="syst
             process["environ_names"] = sorted(process["environ"])
             process["environ"] = un.only(process["environ"], keys)
         tree = sorted(_proc.process_tree(main_pid, proc_root, cgroup=(shown or {}).get("control_group")))
-    return {"unit": shown, "sources": sources, "env_files": env_files, "process": process, "tree": tree}
+    holder = None
+    if shown is not None and not main_pid and port:
+        pids = _proc.listeners(port, proc_root)
+        holder = _proc.describe(pids[0], proc_root) if pids else None
+        if holder and holder["environ"] is not None:
+            holder["environ"] = un.only(holder["environ"], keys)
+    return {
+        "unit": shown,
+        "sources": sources,
+        "env_files": env_files,
+        "process": process,
+        "tree": tree,
+        "port": port,
+        "port_holder": holder,
+    }
+
+
+# The collection leaves a file it did not write: the operator removes the override (or its line).
+OVERRIDE_FIX = "remove it (the collection leaves it), systemctl daemon-reload, run again"
 
 
 def _repair_of(lines) -> dict:
-    """``{repair, fix}`` of an item's lines: a refusal wins over a restart (the restart would not mend it)."""
-    refused = [words for repair, words in lines if repair == REFUSE]
+    """``{repair, fix}`` of an item's lines ``(repair, words[, fix])``: a refusal wins over a restart (the restart
+    would not mend it); its fix is the line's own, else OVERRIDE_FIX."""
+    refused = [f"{line[1]}; fix: {line[2] if len(line) > 2 else OVERRIDE_FIX}" for line in lines if line[0] == REFUSE]
     if refused:
-        return {
-            "repair": REFUSE,
-            # The collection leaves a file it did not write: the operator removes the override (or its line).
-            "fix": f"{'; '.join(refused)}; fix: remove it (the collection leaves it), systemctl daemon-reload, "
-            "run again",
-        }
+        return {"repair": REFUSE, "fix": "; ".join(refused)}
     return {"repair": RESTART if lines else None}
 
 

@@ -114,6 +114,54 @@ def process_tree(main_pid, proc_root="/proc", cgroup=None, cgroup_root="/sys/fs/
     return tree
 
 
+# --------------------------------------------------------------------------- who holds a port
+
+TCP_LISTEN = "0A"
+
+
+def listening_inodes(port, proc_root="/proc") -> set:
+    """Socket inodes listening on TCP ``port`` (IPv4 and IPv6), from /proc/net/tcp and tcp6."""
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc_root, "net", name), encoding="ascii", errors="replace") as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) < 10 or fields[3] != TCP_LISTEN:
+                continue
+            local_port = fields[1].rpartition(":")[2]
+            if local_port and int(local_port, 16) == int(port):
+                inodes.add(fields[9])
+    inodes.discard("0")
+    return inodes
+
+
+def listeners(port, proc_root="/proc") -> list:
+    """The pids whose open sockets listen on TCP ``port`` (sorted); a process whose fds cannot be read is left out."""
+    inodes = {f"socket:[{inode}]" for inode in listening_inodes(port, proc_root)}
+    if not inodes:
+        return []
+    found = []
+    for pid in _pid_dirs(proc_root):
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                if os.readlink(os.path.join(fd_dir, name)) in inodes:
+                    found.append(pid)
+                    break
+            except OSError:
+                continue
+    return sorted(found)
+
+
 # --------------------------------------------------------------------------- one process
 
 

@@ -19,7 +19,8 @@ description:
     template, the GPUs as M(gpufleet.upgrade.nvml_info) judged them."
   - "With O(serving), also what runs (the code of M(gpufleet.upgrade.serving_process_info)): the C(serving unit)
     as systemd runs it (its unit file, every drop-in, its ExecStart and environment against the rendered unit and
-    environment file: a drop-in that overrides what the profile sets is named) and the C(serving process), the
+    environment file: a drop-in that overrides what the profile sets is named; a stopped unit whose port another
+    process holds names that process) and the C(serving process), the
     unit's main process (its command line, its environment, the venv its interpreter runs from, against the unit
     and C(current)). Each drifted item of these says how a re-run repairs it (RV(repair)). The processes of the
     server's tree are the server's own in the C(gpus) judgement."
@@ -260,9 +261,10 @@ def serving_items(spec, files, venv_spec, run):
         raise ValueError(f"serving.{' and serving.'.join(missing)} name no file of option files")
     env_text = texts[os.path.normpath(spec["env_path"])]
     keys = set(hm.parse_env(env_text))
-    seen = hm.observe_serving(spec.get("unit"), spec.get("main_pid"), keys, run)
-    link = spec.get("venv_link") or (venv_spec or {}).get("link")
     unit_text = texts[os.path.normpath(spec["unit_path"])]
+    port = hm.argv_option(un.expected_exec(unit_text), "--port")
+    seen = hm.observe_serving(spec.get("unit"), spec.get("main_pid"), keys, run, port=port)
+    link = spec.get("venv_link") or (venv_spec or {}).get("link")
     items = hm.serving_items(seen, unit_text, env_text, spec["unit_path"], spec["env_path"], link)
     return items, set(seen["tree"])
 

@@ -185,3 +185,28 @@ def test_mapped_venv_needs_a_venv_or_a_deleted_file(tmp_path):
     gone = "7f00-7f01 r-xp 0 fd:01 1 /srv/venvs/old/lib/python3.12/site-packages/x.so (deleted)\n"
     assert _proc.mapped_venv(gone) == "/srv/venvs/old"
     assert _proc.mapped_venv("7f00-7f01 rw-p 0 0:0 0 [heap]\n") is None
+
+
+def test_listeners_name_the_processes_that_hold_a_port(proc):
+    (proc / "net").mkdir()
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (proc / "net" / "tcp").write_text(
+        header
+        # 127.0.0.1:30000 listening (inode 555), 127.0.0.1:30000 established (inode 556), :22 listening (inode 557)
+        + "   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 555 1\n"
+        + "   1: 0100007F:7530 0100007F:9C40 01 00000000:00000000 00:00000000 00000000 0 0 556 1\n"
+        + "   2: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 557 1\n"
+    )
+    (proc / "net" / "tcp6").write_text(
+        header + "   0: 00000000000000000000000000000000:7531 00000000000000000000000000000000:0000 0A "
+        "00000000:00000000 00:00000000 00000000 0 0 558 1\n"
+    )
+    for pid, socket in ((100, 555), (101, 556), (102, 557), (103, 558)):
+        folder = add_process(proc, pid, 1)
+        (folder / "fd").mkdir()
+        os.symlink(f"socket:[{socket}]", folder / "fd" / "3")
+        os.symlink("/dev/null", folder / "fd" / "0")
+    assert _proc.listeners(30000, str(proc)) == [100]
+    assert _proc.listeners(30001, str(proc)) == [103]
+    assert _proc.listeners(22, str(proc)) == [102]
+    assert _proc.listeners(9, str(proc)) == []

@@ -173,6 +173,7 @@ def judge(host, drop_ins=(), exec_argv=None, main_pid=123, unit=True, env_files=
         keys={"CUDA_HOME", "CUDA_PATH"},
         run=run,
         proc_root=str(host["proc"]),
+        port=hm.argv_option(un.expected_exec(host["unit_text"]), "--port"),
     )
     if unit:
         assert calls and calls[0][:3] == ["systemctl", "show", UNIT]
@@ -309,3 +310,27 @@ def test_without_systemd_the_main_pid_is_judged_against_the_profile(host):
     ]
     _seen, gone = judge(host, unit=False, main_pid=999)
     assert gone["serving process"]["drift"] == ["serving process: no process 999 runs"]
+
+
+def test_a_server_started_by_hand_on_the_unit_s_port_is_refused_with_its_pid(host):
+    """The unit is stopped and a server someone started by hand, with other flags, holds its port."""
+    argv = [*host["argv"], "--mem-fraction-static", "0.5"]
+    start(host, 321, argv, RIGHT_ENV)
+    (host["proc"] / "net").mkdir()
+    (host["proc"] / "net" / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 4242 1\n"
+    )
+    (host["proc"] / "321" / "fd").mkdir()
+    os.symlink("socket:[4242]", host["proc"] / "321" / "fd" / "5")
+    seen, items = judge(host, main_pid=0, ActiveState="inactive", SubState="dead")
+    assert seen["port"] == "30000" and seen["port_holder"]["pid"] == 321
+    unit = items["serving unit"]
+    assert unit["drift"] == [
+        f"serving unit: gpufleet-serving.service is inactive, while pid 321 ({' '.join(argv)[:77]}...) serves its port "
+        "30000"
+    ]
+    assert unit["repair"] == "refuse"
+    assert unit["fix"].endswith(
+        "; fix: stop pid 321 (the collection does not stop a process it did not start), run again"
+    )
