@@ -191,9 +191,14 @@ def serving_environment(main_pid=None, env_file=None, base_env=None, proc_root="
         path = os.path.join(proc_root, str(main_pid), "environ")
         try:
             with open(path, "rb") as handle:
-                return _proc.parse_environ(handle.read()), {"kind": "process", "pid": int(main_pid), "path": path}
+                env = _proc.parse_environ(handle.read())
         except OSError as exc:
             not_used.append(f"the server's environment {path} could not be read ({exc.strerror or exc})")
+        else:
+            if env:
+                return env, {"kind": "process", "pid": int(main_pid), "path": path}
+            # a zombie's is empty, and so is a process's caught between fork and exec
+            not_used.append(f"the server's environment {path} is empty")
     else:
         not_used.append("no server process runs (main pid unknown or 0)")
     if env_file:

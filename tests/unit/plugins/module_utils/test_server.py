@@ -143,9 +143,17 @@ def test_env_file_syntax_as_systemd_reads_it():
     }
 
 
+def started(env):
+    """A real process with ``env``, once it runs (its environ is the exec's, not the fork's)."""
+    code = "import sys, time; print('up', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "up\n"
+    return child
+
+
 def test_the_running_servers_environment_is_taken_as_is():
     env = {"PATH": "/usr/bin:/bin", "FLASHINFER_DISABLE_JIT": "0", "ODD": "a=b c"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    child = started(env)
     try:
         got, source = _server.serving_environment(child.pid, "/nonexistent.env", {"MODULE": "1"})
     finally:
@@ -169,6 +177,14 @@ def test_without_a_server_the_env_file_over_the_module_environment_and_why(tmp_p
     assert got == {"HOME": "/root"} and source["kind"] == "module"
     assert "/proc/999999999/environ could not be read" in source["not_used"][0]
     assert "absent.env could not be read" in source["not_used"][1]
+
+
+def test_an_empty_environ_is_no_servers_environment(tmp_path):
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "environ").write_bytes(b"")
+    got, source = _server.serving_environment(77, None, {"HOME": "/root"}, proc_root=str(tmp_path))
+    assert got == {"HOME": "/root"} and source["kind"] == "module"
+    assert source["not_used"] == [f"the server's environment {tmp_path}/77/environ is empty"]
 
 
 def test_presence_flags_name_the_variable_its_value_and_the_reason():

@@ -228,7 +228,9 @@ def beside_a_server(monkeypatch, tmp_path, gpu_raw):
 
     nvml_fake = fake_nvml()
     server_env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/usr/local/cuda-13.0", "SERVING_ONLY": "1"}
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=server_env)
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    server = subprocess.Popen([sys.executable, "-c", code], env=server_env, stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline() == "up\n"  # its environ is the exec's once it runs
     monkeypatch.setenv("MODULE_ONLY", "1")
     calls = []
 
