@@ -223,7 +223,7 @@ def cuda_table(entries: list, graph: dict) -> dict:
 def judge_cuda(table: dict, cuda_version: str, exceptions: dict, graph: dict, versions: dict) -> tuple:
     """(problems, allowed): packages built for another CUDA major than the profile's, each named with who required
     it; those the profile allows (cuda_exceptions) are listed apart with the profile's reason."""
-    want = int(str(cuda_version).split(".")[0])
+    want = int(str(cuda_version).split(".", maxsplit=1)[0])
     problems, allowed = [], []
     for name in sorted(table):
         row = table[name]
