@@ -150,9 +150,9 @@ def required_by(name: str, graph: dict, versions: dict) -> str:
     requirements (``torchvision 0.24.1 <- sglang 0.5.9 <- the plan's requirements``)."""
     direct = [d for d in graph.get(name, []) if d != OVERRIDE]
     if not direct:
-        return "no package of the lock names it (uv's graph has no entry)"
+        return "named by the profile's overrides only" if name in graph else "uv's graph names no package requiring it"
     chain, seen, here = [], {name}, name
-    while True:
+    while ROOT not in direct:  # a package the plan asks for itself needs no chain
         ups = [d for d in graph.get(here, []) if d not in seen and d != OVERRIDE]
         if not ups:
             break
@@ -217,6 +217,13 @@ def cuda_table(entries: list, graph: dict) -> dict:
                 "cuda": majors[0] if len(majors) == 1 else majors,
                 "from": f"the CUDA libraries it requires ({shown})",
             }
+        else:
+            # A CPU build (+cpu, or a plain wheel that requires no CUDA library) in a CUDA stack runs no kernel.
+            table[entry["name"]] = {
+                "version": entry["version"],
+                "cuda": None,
+                "from": "no local tag cuNNN and no CUDA library among what it requires: a build without CUDA",
+            }
     return table
 
 
@@ -229,15 +236,21 @@ def judge_cuda(table: dict, cuda_version: str, exceptions: dict, graph: dict, ve
         row = table[name]
         if row["cuda"] == want:
             continue
-        built = row["cuda"] if isinstance(row["cuda"], int) else " and ".join(str(m) for m in row["cuda"])
-        seen = f"{name} {row['version']} is built for CUDA {built} ({row['from']})"
+        if row["cuda"] is None:
+            seen = f"{name} {row['version']} is built for no CUDA ({row['from']})"
+        else:
+            built = row["cuda"] if isinstance(row["cuda"], int) else " and ".join(str(m) for m in row["cuda"])
+            seen = f"{name} {row['version']} is built for CUDA {built} ({row['from']})"
         if name in exceptions:
             allowed.append(f"{seen}: allowed by wheels.rules.cuda_exceptions: {exceptions[name]}")
             continue
+        if ROOT in graph.get(name, []):  # a package the plan asked for itself: a profile package
+            fix = f"choose a CUDA {want} build of {name} in wheels.packages (its local_tag, or an index of such builds)"
+        else:
+            fix = f"pin or override the package that requires it to a CUDA {want} build (an index or local tag of such)"
         problems.append(
-            f"{seen}, the profile's CUDA is {cuda_version}; {required_by(name, graph, versions)}. Fix: pin or override"
-            f" the package that requires it to a CUDA {want} build (an index or local tag of CUDA {want}), or allow it"
-            f" with wheels.rules.cuda_exceptions: [{{package: {name}, reason: ...}}]"
+            f"{seen}, the profile's CUDA is {cuda_version}; {required_by(name, graph, versions)}. Fix: {fix}, or allow"
+            f" it with wheels.rules.cuda_exceptions: [{{package: {name}, reason: ...}}]"
         )
     return problems, allowed
 

@@ -166,7 +166,7 @@ def test_a_companion_on_another_torch_is_refused_with_both_packages_and_the_fix(
 
 def test_the_longest_release_prefix_of_the_table_decides():
     rule = dict(TORCHVISION, versions={"2": "0.2", "2.11": "0.26"})
-    entries = lock_of(("torch", "2.11.0"), ("torchvision", "0.26.1"))
+    entries = lock_of(("torch", "2.11.0+cu130"), ("torchvision", "0.26.1"))
     assert lr.judge_lock(entries, {}, {}, profile(companions=[rule]))["companions"][0]["ok"]
 
 
@@ -310,3 +310,16 @@ def test_the_real_torchvision_pairs_by_its_metadata_pin(torchvision, ok):
             match=r"torchvision 0\.24\.1 does not pair with torch 2\.11\.0 \(its METADATA pairs torch==2\.9\.1\)",
         ):
             lr.judge_lock(entries, graph, {"torchvision": tv_requires}, profile())
+
+
+@pytest.mark.parametrize("version", ["2.11.0+cpu", "2.11.0"])
+def test_a_torch_built_without_cuda_is_refused_in_a_cuda_stack(version):
+    entries = lock_of(("torch", version), ("sglang", "0.5.9"))
+    graph = {"torch": ["sglang", lr.ROOT], "sglang": [lr.ROOT]}
+    with pytest.raises(lr.LockRefused) as err:
+        lr.judge_lock(entries, graph, {}, profile())
+    assert (
+        f"torch {version} is built for no CUDA (no local tag cuNNN and no CUDA library among what it requires: a build"
+        " without CUDA), the profile's CUDA is 13.0; required by sglang 0.5.9, the plan's requirements. Fix: choose a"
+        " CUDA 13 build of torch in wheels.packages (its local_tag, or an index of such builds)"
+    ) in str(err.value)
