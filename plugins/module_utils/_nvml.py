@@ -437,8 +437,9 @@ def _rule_processes(gpu, t, who, reasons, notes, server_pids):
     elif server_pids is None:
         reasons.append(
             f"{who}: {len(foreign)} compute process(es) run on it: {_listed(foreign)}; the serving unit's processes"
-            " were not given (server_main_pid or server_pids), so none counts as the server's: give the unit's main"
-            " pid (postcheck_server_main_pid where there is no systemd), stop the processes, or set"
+            " were not given (no server_unit that systemd could read, no server_main_pid), so none counts as the"
+            " server's: name the unit, or its main pid where there is no systemd (postcheck_server_main_pid), stop"
+            " the processes, or set"
             " postcheck.health.forbid_processes to false"
         )
     else:
