@@ -7,6 +7,7 @@ interpreter, as uv and venv make them) with a child, read through /proc; systemd
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -222,3 +223,34 @@ def test_host_state_names_a_drop_in_and_refuses_it(server, monkeypatch, tmp_path
     ]
     assert result["repair"]["restart"] is True
     assert len(result["repair"]["refuse"]) == 1 and str(dropin) in result["repair"]["refuse"][0]
+
+
+def test_a_server_left_running_after_current_moved_is_found_in_the_venv_it_maps(tmp_path):
+    """A real process maps a compiled extension from its venv's site-packages (as SGLang maps torch's): after current
+    was switched to another venv, the venv it runs from is still named, and the check says it is not current's."""
+    import markupsafe
+
+    venvs = {}
+    for name in ("old", "new"):
+        venvs[name] = tmp_path / "venvs" / name
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venvs[name])], check=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venvs["old"] / "lib" / version / "site-packages"
+    shutil.copytree(os.path.dirname(markupsafe.__file__), site / "markupsafe")
+    current = tmp_path / "current"
+    os.symlink(venvs["old"], current)
+    code = "import markupsafe._speedups, time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([str(current / "bin" / "python"), "-c", code], stdout=subprocess.PIPE, env={})
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        current.unlink()
+        os.symlink(venvs["new"], current)
+        result = run({"main_pid": proc.pid, "expect": {"venv": [str(current)]}})
+        assert result["process"]["venv"] == str(current)
+        assert result["process"]["venv_real"] == str(venvs["old"]) and result["process"]["venv_from"] == "maps"
+        assert result["problems"] == [
+            f"the running server (pid {proc.pid}) runs from {venvs['old']}, not {venvs['new']}"
+        ]
+    finally:
+        proc.kill()
+        proc.wait()
