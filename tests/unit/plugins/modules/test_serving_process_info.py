@@ -254,3 +254,22 @@ def test_a_server_left_running_after_current_moved_is_found_in_the_venv_it_maps(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_host_state_gives_the_server_s_tree_to_the_gpu_judgement(server, monkeypatch):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
+
+    seen = {}
+
+    def host_health(loader, required, thresholds, expected, server_pids=None):
+        seen["server_pids"] = server_pids
+        return {"status": "healthy", "reasons": []}, {}
+
+    monkeypatch.setattr(_nvml, "host_health", host_health)
+    args = dict(host_state_args(server), gpu_health={"required": False})
+    result = host_state(args)
+    assert seen["server_pids"] == {server["pid"], *_children(server["pid"])} and len(seen["server_pids"]) == 2
+    assert result["in_sync"], result["drift"]
+    # Without the serving option nobody says which processes are the server's.
+    host_state({"gpu_health": {"required": False}})
+    assert seen["server_pids"] is None
