@@ -679,3 +679,29 @@ def stack_consistency(packages, env_text, toolkits, realpath=os.path.realpath) -
                     f"serving venv: {name} {version} is built for CUDA {built_for}, CUDA_HOME {home} is CUDA {cuda}"
                 )
     return {"consistent": not problems, "problems": problems, "cuda_home": home, "cuda_version": cuda}
+
+
+# --------------------------------------------------------------------------- the run record
+
+
+def run_record_item(path, record, backups) -> dict:
+    """The host's run record (state.json): missing while the host holds gpufleet backups means it was lost.
+
+    ``record`` is the parsed file (None when absent), ``backups`` the ids under the state folder's backups/. A host
+    gpufleet never acted on has neither and is not drift; a lost record would make a rollback guess and an audit
+    call the host in sync, so it is named with what is still known and the fix.
+    """
+    if record is not None:
+        return item("run record", path, f"run {record.get('run_id')} {record.get('result')}")
+    if not backups:
+        return item("run record", f"{path} once gpufleet acts on the host", "no record and no backup")
+    return item(
+        "run record",
+        path,
+        "missing",
+        [
+            f"the host's run record {path} is missing although the host holds {len(backups)} gpufleet backup(s) "
+            f"(newest {backups[-1]}); fix: run upgrade.yml (it records the host afresh) or rollback.yml (it restores "
+            "a backup and records it)"
+        ],
+    )

@@ -126,6 +126,8 @@ options:
     description:
       - The host's state file (C(state.json)) to read and return as RV(last_run), so the audit reads what the last run
         left in the same call. Absent file, empty RV(last_run).
+      - Also judged as item C(run record): a missing file while the state folder holds gpufleet backups is drift (the
+        record was lost), named with the fix.
     type: path
   drift_is_change:
     description:
@@ -222,6 +224,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_model as hm
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
@@ -267,6 +270,14 @@ def serving_items(spec, files, venv_spec, run):
     link = spec.get("venv_link") or (venv_spec or {}).get("link")
     items = hm.serving_items(seen, unit_text, env_text, spec["unit_path"], spec["env_path"], link)
     return items, set(seen["tree"])
+
+
+def _backup_ids(folder):
+    """The gpufleet backups under folder, oldest first (a lost run record is judged by them)."""
+    try:
+        return sorted(name for name in os.listdir(folder) if bk.ID_RE.match(name))
+    except OSError:
+        return []
 
 
 def main():
@@ -356,6 +367,9 @@ def main():
                     }
                 )
         items += serving
+        if p["state_path"]:
+            backups = _backup_ids(os.path.join(os.path.dirname(p["state_path"]), "backups"))
+            items.append(hm.run_record_item(p["state_path"], extra["last_run"] or None, backups))
         if gpus is not None:
             items.append(hm.gpu_item(gpus))
     except (KeyError, TypeError) as exc:

@@ -157,7 +157,9 @@ def phase_note(phase, facts) -> dict:
     if phase == "preflight":
         gates = facts.get("preflight_report") or {}
         words = [f"{gate} {'ok' if str(value).startswith('ok') else value}" for gate, value in gates.items()]
-        return {phase: "ok: " + ", ".join(words)}
+        # A host that lost its state.json: the record is missing, and what the controller last knew of it.
+        note = (facts.get("preflight_recovery") or {}).get("note")
+        return {phase: "ok: " + ", ".join(words) + (f"; {note}" if note else "")}
     if phase == "recover":
         recovery = facts.get("preflight_recovery") or {}
         if recovery.get("action") != "rollback":

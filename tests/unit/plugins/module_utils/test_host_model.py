@@ -255,3 +255,21 @@ def test_cuda_home_that_is_no_toolkit_or_missing_is_inconsistent_and_a_link_is_f
     # A toolkit without version.json cannot be matched.
     blind = hm.stack_consistency(OLD, "CUDA_HOME=/opt/cuda\n", [{"path": "/opt/cuda", "version": None}], realpath=str)
     assert blind["problems"] == ["serving environment: CUDA_HOME /opt/cuda has no readable version.json"]
+
+
+class TestRunRecordItem:
+    BACKUPS = ["20261206T220000Z-1a2b3c4d", "20261206T230000Z-5e6f7a8b"]
+
+    def test_a_present_record_is_in_sync(self):
+        entry = hm.run_record_item("/v/state.json", {"run_id": "r1", "result": "upgraded"}, self.BACKUPS)
+        assert entry["ok"] and entry["observed"] == "run r1 upgraded"
+
+    def test_a_host_gpufleet_never_acted_on_is_not_drift(self):
+        assert hm.run_record_item("/v/state.json", None, [])["ok"]
+
+    def test_a_lost_record_beside_backups_is_drift_with_the_fix(self):
+        entry = hm.run_record_item("/v/state.json", None, self.BACKUPS)
+        assert not entry["ok"] and entry["item"] == "run record"
+        (line,) = entry["drift"]
+        assert "the host's run record /v/state.json is missing" in line
+        assert "2 gpufleet backup(s) (newest 20261206T230000Z-5e6f7a8b)" in line and "fix: run upgrade.yml" in line

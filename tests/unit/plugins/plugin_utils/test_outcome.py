@@ -101,6 +101,10 @@ def test_phase_notes():
         "gpufleet_drain": "none",
     }
     assert o.phase_note("preflight", facts) == {"preflight": "ok: lock ok, disk ok, gpu skipped: no GPU"}
+    lost = dict(facts, preflight_recovery={"action": "none", "note": "the host's run record /s.json is missing"})
+    assert o.phase_note("preflight", lost)["preflight"].endswith(
+        "gpu skipped: no GPU; the host's run record /s.json is missing"
+    )
     assert o.phase_note("backup", facts) == {"backup": "ok: B1 (new)"}
     assert o.phase_note("backup", dict(facts, backup_reused=True)) == {"backup": "ok: B1 (reused)"}
     assert o.phase_note("cuda_toolkit", facts) == {"cuda_toolkit": "ok: /usr/local/cuda-13.0"}
