@@ -394,7 +394,9 @@ def load_manifest(folder):
 def verify_backup(folder, manifest, check_lock=True, scope="full"):
     """Prove the backup can restore: every file's checksum re-read, the lock parses, the archive lists.
 
-    ``scope="lock"`` checks only what a controller copy holds: the manifest and the venv lock.
+    ``scope="lock"`` checks only the manifest and the venv lock; ``scope="copy"`` everything but the venv archive,
+    which is what the controller keeps of a backup (enough to restore a host that lost its own, the venv rebuilt
+    from the lock).
     """
     problems = []
     recorded = manifest.get("checksums", {})
@@ -402,6 +404,9 @@ def verify_backup(folder, manifest, check_lock=True, scope="full"):
     if scope == "lock":
         recorded = {rel: value for rel, value in recorded.items() if rel == LOCK}
         actual = {rel: value for rel, value in actual.items() if rel == LOCK}
+    elif scope == "copy":
+        recorded = {rel: value for rel, value in recorded.items() if rel != ARCHIVE}
+        actual = {rel: value for rel, value in actual.items() if rel != ARCHIVE}
     for rel in sorted(set(recorded) | set(actual)):
         if rel not in actual:
             problems.append(f"{rel} is missing")

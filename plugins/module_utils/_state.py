@@ -265,3 +265,45 @@ def decide_recovery(state, run_id):
     if not state.get("backup_id"):
         return {"action": "restart", "reason": f"{where} before its backup completed: nothing had changed"}
     return {"action": "rollback", "backup_id": state["backup_id"], "reason": f"{where}: rolling back first"}
+
+
+# Results after which the host runs what its run installed: the backup that run recorded is the way back.
+MOVED_RESULTS = ("upgraded", "repaired", "in_progress")
+
+
+def recorded_backup(state):
+    """The backup the host's record says the last run moved away from; None when the record names none.
+
+    A run that upgraded or repaired the host (or was interrupted after its backup) recorded the backup of the host
+    before it; a rollback's record names the backup it restored, which is where the host is now, so no way back.
+    """
+    if not state or state.get("result") not in MOVED_RESULTS:
+        return None
+    return state.get("backup_id") or None
+
+
+def describe_record(state, path):
+    """One line on the host's run record for reports: the last run, or that the record is missing."""
+    if not state:
+        return f"the host's run record {path} is missing"
+    line = f"run {state.get('run_id')} {state.get('result')}"
+    if state.get("result") == "in_progress":
+        line += f" at phase {state.get('phase')} ({state.get('status', 'started')})"
+    if state.get("backup_id"):
+        line += f", backup {state['backup_id']}"
+    return line
+
+
+def rollback_target(state, run_id, requested=""):
+    """Which backup a rollback restores: ``{backup_id, why}``; backup_id None lets the caller choose by the host.
+
+    A backup named by the operator wins. Else an interrupted run (state ``in_progress`` with a backup, the run
+    that holds the lock now being another one: the dead run's lock was taken over) is undone to its backup,
+    even when the host already matches it: the host may be drained or stopped, and its record must end.
+    """
+    if requested:
+        return {"backup_id": requested, "why": "named by the operator"}
+    recovery = decide_recovery(state, run_id)
+    if recovery["action"] == "rollback":
+        return {"backup_id": recovery["backup_id"], "why": recovery["reason"]}
+    return {"backup_id": None, "why": "the newest backup that differs from the host as it is"}

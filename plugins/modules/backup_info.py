@@ -65,10 +65,10 @@ options:
         it anyway (with a warning).
     type: path
   verify_scope:
-    description: C(full) checks every file and the archive; C(lock) only the manifest and the venv lock (what a
-      controller copy holds).
+    description: C(full) checks every file and the archive; C(lock) only the manifest and the venv lock; C(copy)
+      every file but the venv archive (what the controller's copy of a backup holds).
     type: str
-    choices: [full, lock]
+    choices: [full, lock, copy]
     default: full
   require_lock_check:
     description: Fail when the lock cannot be parsed here because C(packaging) is missing (set on the controller).
@@ -249,7 +249,7 @@ def main():
             "verify": {"type": "bool", "default": True},
             "unlike_digest": {"type": "str"},
             "unlike_venv": {"type": "path"},
-            "verify_scope": {"type": "str", "choices": ["full", "lock"], "default": "full"},
+            "verify_scope": {"type": "str", "choices": ["full", "lock", "copy"], "default": "full"},
             "require_lock_check": {"type": "bool", "default": False},
         },
         mutually_exclusive=[("state_dir", "backups_dir")],

@@ -84,6 +84,23 @@ recovery:
   returned: always
   type: dict
   sample: {"action": "rollback", "backup_id": "20261202T130501Z-1a2b3c4d", "reason": "run X was interrupted ..."}
+record:
+  description: The host's run record in one line (the last run, its result and backup), or that the file is missing.
+  returned: always
+  type: str
+  sample: "the host's run record /var/lib/gpufleet/state.json is missing"
+recorded_backup_id:
+  description:
+    - The backup the last run moved the host away from (a run that upgraded, repaired or was interrupted after its
+      backup); null when the record names none. The way back when the host's backups folder is gone.
+  returned: always
+  type: str
+rollback:
+  description:
+    - What a rollback without a named backup restores, C(backup_id) and C(why). An interrupted run is undone to its
+      backup; otherwise C(backup_id) is null and the rollback picks the newest backup unlike the host.
+  returned: always
+  type: dict
 """
 
 import datetime
@@ -103,7 +120,15 @@ def run(module):
             "for this host if it may be half-upgraded"
         )
     recovery = st.decide_recovery(previous, p["run_id"])
-    result = {"changed": False, "previous": previous, "state": previous, "recovery": recovery}
+    result = {
+        "changed": False,
+        "previous": previous,
+        "state": previous,
+        "recovery": recovery,
+        "record": st.describe_record(previous, p["path"]),
+        "recorded_backup_id": st.recorded_backup(previous),
+        "rollback": st.rollback_target(previous, p["run_id"]),
+    }
     if p["state"] == "query":
         return result
     now = datetime.datetime.now(datetime.timezone.utc).isoformat()

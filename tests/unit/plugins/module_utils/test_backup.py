@@ -100,6 +100,18 @@ class TestVerify:
         assert any(p.startswith("files/etc/a.env sha256") for p in problems)
         assert "extra is not in the manifest" in problems
 
+    def test_copy_scope_checks_every_file_but_the_archive(self, tmp_path):
+        venv = tmp_path / "venv"
+        venv.mkdir()
+        folder = tmp_path / "20261202T130000Z-aaaaaaaa"
+        manifest = make_backup(folder, archive_from=venv)
+        os.unlink(folder / "venv.tar.gz")
+        assert bk.verify_backup(str(folder), manifest, scope="copy") == []
+        assert "venv.tar.gz is missing" in bk.verify_backup(str(folder), manifest, scope="full")
+        os.unlink(folder / "files" / "etc" / "a.env")
+        assert bk.verify_backup(str(folder), manifest, scope="copy") == ["files/etc/a.env is missing"]
+        assert bk.verify_backup(str(folder), manifest, scope="lock") == []
+
     def test_lock_count_mismatch(self, tmp_path):
         folder = tmp_path / "20261202T130000Z-aaaaaaaa"
         manifest = make_backup(folder)

@@ -149,3 +149,48 @@ class TestStateAndRecovery:
             "backup_id": "b1",
             "reason": "run r2 was interrupted at phase preflight (started): rolling back first",
         }
+
+
+class TestRollbackTarget:
+    UPGRADED = {"run_id": "r1", "result": "upgraded", "backup_id": "b1", "phase": "undrain", "status": "completed"}
+    KILLED = {"run_id": "r2", "result": "in_progress", "backup_id": "b2", "phase": "drain", "status": "started"}
+
+    def test_the_named_backup_wins(self):
+        assert st.rollback_target(self.KILLED, "rb", requested="b0") == {
+            "backup_id": "b0",
+            "why": "named by the operator",
+        }
+
+    def test_an_interrupted_run_is_undone_to_its_backup(self):
+        target = st.rollback_target(self.KILLED, "rb")
+        assert target["backup_id"] == "b2"
+        assert "run r2 was interrupted at phase drain (started)" in target["why"]
+
+    @pytest.mark.parametrize(
+        "state", [None, {}, UPGRADED, {"run_id": "r3", "result": "rolled_back", "backup_id": "b1"}]
+    )
+    def test_an_ended_run_leaves_the_choice_to_the_host(self, state):
+        assert st.rollback_target(state, "rb")["backup_id"] is None
+
+    def test_the_run_holding_the_record_is_not_interrupted(self):
+        assert st.rollback_target(self.KILLED, "r2")["backup_id"] is None
+
+    @pytest.mark.parametrize(
+        ("state", "backup"),
+        [
+            (UPGRADED, "b1"),
+            (KILLED, "b2"),
+            ({"run_id": "r4", "result": "repaired", "backup_id": "b4"}, "b4"),
+            # A rollback's record names the backup the host is at now: no way back from it.
+            ({"run_id": "r3", "result": "rolled_back", "backup_id": "b1"}, None),
+            ({"run_id": "r5", "result": "in_progress", "phase": "backup"}, None),
+            (None, None),
+        ],
+    )
+    def test_recorded_backup(self, state, backup):
+        assert st.recorded_backup(state) == backup
+
+    def test_describe_record(self):
+        assert st.describe_record({}, "/s.json") == "the host's run record /s.json is missing"
+        assert st.describe_record(self.UPGRADED, "/s.json") == "run r1 upgraded, backup b1"
+        assert st.describe_record(self.KILLED, "/s.json") == "run r2 in_progress at phase drain (started), backup b2"

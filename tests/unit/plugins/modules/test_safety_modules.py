@@ -215,6 +215,22 @@ class TestUpgradeState:
         ok, res = call(upgrade_state, {"path": path, "run_id": "r2", "state": "query"})
         assert ok and res["recovery"]["action"] == "rollback" and res["recovery"]["backup_id"] == "b1"
 
+    def test_query_names_the_record_and_the_way_back(self, tmp_path):
+        path = str(tmp_path / "state.json")
+        ok, res = call(upgrade_state, {"path": path, "run_id": "rb", "state": "query"})
+        assert ok and res["record"] == f"the host's run record {path} is missing"
+        assert res["recorded_backup_id"] is None and res["rollback"]["backup_id"] is None
+        for changes in (
+            {"phase": "backup", "status": "completed", "backup_id": "b1"},
+            {"phase": "drain", "status": "started"},
+        ):
+            call(upgrade_state, dict({"path": path, "run_id": "r1"}, **changes))
+        ok, res = call(upgrade_state, {"path": path, "run_id": "rb", "state": "query"})
+        assert res["record"] == "run r1 in_progress at phase drain (started), backup b1"
+        assert res["recorded_backup_id"] == "b1"
+        assert res["rollback"]["backup_id"] == "b1" and "interrupted at phase drain" in res["rollback"]["why"]
+        assert not res["changed"]
+
     def test_corrupt_state_file_names_the_fix(self, tmp_path):
         (tmp_path / "state.json").write_text("{oops")
         ok, res = call(upgrade_state, {"path": str(tmp_path / "state.json"), "run_id": "r1", "state": "query"})
@@ -257,3 +273,19 @@ class TestUpgradeLock:
         (tmp_path / "upgrade.lock").write_text("garbage")
         ok, res = call(upgrade_lock, {"path": str(tmp_path / "upgrade.lock"), "run_id": "r2", "holder": self.holder()})
         assert not ok and "remove the file" in res["msg"]
+
+
+class TestLostRunRecord:
+    def test_host_state_names_a_run_record_lost_beside_backups(self, tmp_path):
+        from ansible_collections.gpufleet.upgrade.plugins.modules import host_state
+
+        state = tmp_path / "state.json"
+        ok, res = call(host_state, {"state_path": str(state)})
+        assert ok and res["in_sync"], res
+        (tmp_path / "backups" / "20261206T220000Z-1a2b3c4d").mkdir(parents=True)
+        ok, res = call(host_state, {"state_path": str(state)})
+        assert ok and not res["in_sync"] and res["drifted"] == ["run record"], res
+        assert f"the host's run record {state} is missing" in res["drift"][0]
+        state.write_text(json.dumps({"run_id": "r1", "result": "upgraded", "version": 1}))
+        ok, res = call(host_state, {"state_path": str(state)})
+        assert ok and res["in_sync"] and res["last_run"]["run_id"] == "r1", res
