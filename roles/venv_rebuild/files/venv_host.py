@@ -28,6 +28,7 @@ the summary and bench/ read.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import platform
@@ -135,15 +136,43 @@ def missing_wheels(wheels, wheelhouse, known):
     return missing
 
 
-def fetch(url, dest, sha256, timeout):
-    """Download url to dest through a temporary name, refusing a file whose sha256 is not the lock's."""
+def short_read(name, url, received, size=None, announced=None):
+    """Why a download is a truncated one (fewer bytes than the lock's size or the server's Content-Length), or None.
+
+    A cut download fails its sha256 as well; naming it by its bytes says what happened (a mirror or a connection
+    that stopped early) instead of suggesting a different file.
+    """
+    expected = [(size, "the lock's size"), (announced, "the Content-Length the server announced")]
+    for want, what in expected:
+        if want is not None and received < int(want):
+            return (
+                f"truncated download of {name} from {url}: received {received} of {int(want)} bytes ({what}); "
+                "fix: check the fleet cache or the mirror behind it serves the whole file, then run again"
+            )
+    return None
+
+
+def fetch(url, dest, sha256, timeout, size=None):
+    """Download url to dest through a temporary name, refusing a file cut short or whose sha256 is not the lock's."""
     tmp = f"{dest}.part-{os.getpid()}"
     digest = hashlib.sha256()
+    received = 0
+    announced = None
+    name = os.path.basename(dest)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
-            for chunk in iter(lambda: resp.read(1 << 20), b""):
-                digest.update(chunk)
-                out.write(chunk)
+            length = resp.headers.get("Content-Length")
+            announced = int(length) if length and length.isdigit() else None
+            try:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    received += len(chunk)
+            except http.client.IncompleteRead as exc:
+                received += len(exc.partial)
+        short = short_read(name, url, received, size, announced)
+        if short:
+            raise StepError("fetch", short)
         if digest.hexdigest() != sha256:
             raise StepError(
                 "fetch",
@@ -290,7 +319,11 @@ def build(spec):
         for wheel in missing:
             dest = os.path.join(spec["wheelhouse"], wheel["filename"])
             known[wheel["filename"]] = fetch(
-                f"{spec['pull_base']}/{wheel['filename']}", dest, wheel["sha256"], spec.get("timeout", 600)
+                f"{spec['pull_base']}/{wheel['filename']}",
+                dest,
+                wheel["sha256"],
+                spec.get("timeout", 600),
+                wheel.get("size"),
             )
         if missing:
             lap("fetch")

@@ -151,6 +151,48 @@ def test_wrong_file_in_the_cache_is_refused_and_nothing_is_installed(host, cache
     assert not (host["serving"] / "venvs" / "probe-1").exists()
 
 
+class CuttingHandler(QuietHandler):
+    """Serves the first half of every file, announcing that half as the whole (a mirror that cuts a wheel short)."""
+
+    def do_GET(self):
+        body = Path(self.directory, self.path.lstrip("/")).read_bytes()
+        half = body[: len(body) // 2]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(half)))
+        self.end_headers()
+        self.wfile.write(half)
+
+
+def test_a_wheel_cut_short_is_named_a_truncated_download(host, tmp_path):
+    root = tmp_path / "cut"
+    root.mkdir()
+    wheel = make_wheel(root)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(CuttingHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = spec_for(host, wheel, f"http://127.0.0.1:{server.server_address[1]}")
+        spec["wheels"][0]["size"] = wheel.stat().st_size
+        answer = vh.build(spec)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not answer["ok"] and answer["failed_step"] == "fetch", answer
+    half, whole = wheel.stat().st_size // 2, wheel.stat().st_size
+    assert f"truncated download of {wheel.name}" in answer["error"], answer
+    assert f"received {half} of {whole} bytes (the lock's size)" in answer["error"], answer
+    assert "did not match the lock" not in answer["error"], answer
+    assert sorted(p.name for p in host["wheelhouse"].iterdir()) == [], "a cut file was left in the wheelhouse"
+
+
+def test_short_read_against_the_announced_length():
+    assert vh.short_read("w.whl", "u", 10) is None
+    assert vh.short_read("w.whl", "u", 10, size=10, announced=10) is None
+    assert "received 4 of 10 bytes (the Content-Length the server announced)" in vh.short_read(
+        "w.whl", "u", 4, None, 10
+    )
+    assert "received 4 of 8 bytes (the lock's size)" in vh.short_read("w.whl", "u", 4, 8, 10)
+
+
 def test_check_mode_reports_the_steps_and_changes_nothing(host, cache):
     root, base = cache
     wheel = make_wheel(root)
