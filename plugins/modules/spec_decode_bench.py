@@ -120,6 +120,9 @@ notes:
   - Results are comparable only with the same prompt set version and content hash, API and speculation mode; the
     C(regression) gate fails with the reason when they differ.
   - Requests bypass HTTP proxies, so the server is measured directly.
+  - The module only sends requests; the kernels measured run in the server, with the serving unit's own environment
+    (nothing of the module's environment reaches them). The run without speculation that role serving starts for
+    O(nospec_server_url) is a transient unit with the same environment file.
 author:
   - gpufleet maintainers (@gpufleet)
 """
