@@ -117,11 +117,16 @@ def uv_graph(
     uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600, overrides: list = ()
 ) -> dict:
     """The dependency graph of the same resolution as ``uv_compile`` ({package: [packages that require it]}), read
-    from uv's own "# via" annotations: a pylock records no dependencies. uv answers it from the metadata it cached
-    while resolving."""
+    from uv's own "# via" annotations: a pylock records no dependencies. Run right after ``uv_compile``, uv answers
+    it offline from the pages and metadata it has just cached (seconds, where asking the indexes again costs as long
+    as the resolution did); online only when that cache is gone."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as tmp:
         out = os.path.join(tmp, "requirements.txt")
-        _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, ["--annotation-style", "line", "-o", out])
+        args = ["--annotation-style", "line", "-o", out]
+        try:
+            _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, ["--offline", *args])
+        except PlanError:
+            _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, args)
         with open(out) as handle:
             return parse_uv_graph(handle.read())
 
