@@ -126,8 +126,8 @@ options:
     description:
       - The host's state file (C(state.json)) to read and return as RV(last_run), so the audit reads what the last run
         left in the same call. Absent file, empty RV(last_run).
-      - Also judged as item C(run record): a missing file while the state folder holds gpufleet backups is drift (the
-        record was lost), named with the fix.
+      - "Also judged as item C(run record): a missing file while the state folder holds gpufleet backups is drift (the
+        record was lost), named with the fix."
     type: path
   drift_is_change:
     description:
