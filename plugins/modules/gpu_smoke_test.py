@@ -352,7 +352,7 @@ memory:
       could not be read).
   returned: when the workers ran
   type: dict
-  sample: {peak_reserved_mib: 1664, peak: GPU 0 bf16_matmul, allreduce_peak_reserved_mib: 512, nvml_error: null}
+  sample: {peak_reserved_mib: 1152, peak: GPU 0 bf16_matmul, allreduce_peak_reserved_mib: 512, nvml_error: null}
 out_of_memory:
   description: One message per check that ran out of GPU memory (also in RV(failures)).
   returned: when the workers ran
