@@ -214,6 +214,9 @@ def update_state(previous, run_id, now, **changes):
         state = {"version": STATE_VERSION, "run_id": run_id, "started": now, "history": []}
         if previous:
             state["last_run"] = {key: previous.get(key) for key in ("run_id", "result", "phase", "backup_id", "reason")}
+            if previous.get("lock"):
+                # The lock the host last applied stays on record until a run applies another (an audit's reference).
+                state["lock"] = previous["lock"]
             if previous.get("result") == "in_progress" and previous.get("backup_id"):
                 # Until this run has its own backup, the interrupted run's backup is the host's known-good
                 # state: a run killed before it got that far must still be rolled back to it.

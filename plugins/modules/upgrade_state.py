@@ -60,6 +60,12 @@ options:
   reason:
     description: Why the run ended as it did.
     type: str
+  lock:
+    description:
+      - The wheel lock the run applied (C(venv_name), C(hash), C(profile), C(file) the controller took it from),
+        recorded with the run's result. Kept across later runs until another one records a lock: an audit without a
+        lock file judges the host against it (with C(<serving_root>/locks/<venv_name>.txt)).
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -132,7 +138,7 @@ def run(module):
     if p["state"] == "query":
         return result
     now = datetime.datetime.now(datetime.timezone.utc).isoformat()
-    changes = {key: p[key] for key in ("phase", "status", "backup_id", "profile", "result", "reason")}
+    changes = {key: p[key] for key in ("phase", "status", "backup_id", "profile", "result", "reason", "lock")}
     try:
         new = st.update_state(previous, p["run_id"], now, **changes)
     except st.StateError as exc:
@@ -159,6 +165,7 @@ def main():
             "profile": {"type": "str"},
             "result": {"type": "str", "choices": list(st.RESULTS)},
             "reason": {"type": "str"},
+            "lock": {"type": "dict"},
         },
         supports_check_mode=True,
     )
