@@ -36,12 +36,6 @@ JINJA_USE = re.compile(
 ROLE_KEYS = {"ansible.builtin.include_role", "ansible.builtin.import_role", "include_role", "import_role"}
 # Controller-side code: runs in ansible-playbook's Python, so its imports must be installed there.
 CONTROLLER_CODE = ("plugins/action", "plugins/callback", "plugins/filter", "plugins/plugin_utils", "plugins/lookup")
-# Imports the controller can do without, each with what happens then.
-OPTIONAL_IMPORTS = {
-    # _profile.default_index_url: read only when a profile index says url 'default' and neither pip's nor uv's
-    # configuration names the default index; without pip the error says to set PIP_INDEX_URL.
-    "pip": "plugins/plugin_utils/_profile.py",
-}
 
 
 def _yaml_files():
@@ -189,8 +183,6 @@ def _controller_imports() -> dict[str, str]:
                 for mod in mods:
                     root = mod.split(".")[0]
                     if root in sys.stdlib_module_names or root in ("ansible", "ansible_collections", "__future__"):
-                        continue
-                    if OPTIONAL_IMPORTS.get(root) == str(path.relative_to(REPO)):
                         continue
                     out.setdefault(root, str(path.relative_to(REPO)))
     return out
