@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup demo lab-up lab-down mirrors test lint sanity unit molecule integration integration-long fault-injection-doc build clean
+.PHONY: help setup demo lab-up lab-down mirrors test lint sanity unit molecule integration integration-long matrix fault-injection-doc build clean
 
 help:
 	@echo "make demo   - bring up a lab fleet ($(LAB_NODES) hosts) and upgrade it end to end with playbooks/upgrade.yml"
@@ -71,6 +71,12 @@ integration: mirrors
 ## Lab runs too long for every CI run (the HAProxy drain under load across a rolling upgrade of 4 hosts).
 integration-long: mirrors
 	$(PY) -m pytest tests/integration -q --durations=25 -m long $(PYTEST_ARGS)
+
+## Every ansible-core the collection supports (2.19, 2.20, 2.21), each in its own venv from pyenv's Pythons with the
+## matching ansible bundle: sanity, unit, and upgrade + audit + rollback + audit on one lab host, each timed
+## (scripts/matrix.sh; MATRIX_VERSIONS, MATRIX_STEPS and MATRIX_INJECT_FACTS_AS_VARS pick a part).
+matrix: mirrors
+	bash scripts/matrix.sh
 
 ## Refresh the committed fault-injection table (make test writes it to reports/, leaving the clone clean).
 fault-injection-doc: mirrors

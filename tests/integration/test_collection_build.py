@@ -44,7 +44,12 @@ SHIPPED = {
 }
 SHIPPED_BELOW = {
     "inventories": {"example"},
-    "plugins": {"action", "callback", "doc_fragments", "filter", "module_utils", "modules", "plugin_utils"},
+    # Ansible's plugin folders (a new kind of plugin ships; anything else under plugins/ does not).
+    "plugins": {
+        *("action", "become", "cache", "callback", "cliconf", "connection", "doc_fragments", "filter", "httpapi"),
+        *("inventory", "lookup", "module_utils", "modules", "netconf", "plugin_utils", "shell", "strategy"),
+        *("terminal", "test", "vars"),
+    },
 }
 # What a fleet needs to run the three playbooks as the README and the operator's guide say.
 REQUIRED = {
@@ -63,7 +68,7 @@ REQUIRED = {
 
 
 def run(cmd, **kw):
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False, **kw)
     assert proc.returncode == 0, (
         f"{' '.join(map(str, cmd))}: rc {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     )
@@ -152,7 +157,7 @@ def released(tarball, tmp_path_factory):
     run([BIN / "uv", "venv", "-q", "--python", newest_python(), venv])
     run([BIN / "uv", "pip", "install", "-q", "--python", venv / "bin/python", "-r", REPO / "requirements.txt"])
     print(f"\nreleased controller: {run([venv / 'bin/ansible', '--version']).stdout.splitlines()[0]}")
-    bundle = subprocess.run([venv / "bin/python", "-c", "import ansible_collections"], capture_output=True)
+    bundle = subprocess.run([venv / "bin/python", "-c", "import ansible_collections"], capture_output=True, check=False)
     assert bundle.returncode != 0, "the released venv holds the ansible bundle: it would hide undeclared dependencies"
 
     collections = site / "collections"
@@ -210,6 +215,7 @@ def test_installed_collection_upgrades_audits_and_rolls_back_a_lab_host_from_out
             cwd=site,
             capture_output=True,
             text=True,
+            check=False,
         )
         assert proc.returncode == rc, f"{name}: rc {proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-3000:]}"
         deprecations.update(line for line in proc.stderr.splitlines() if "[DEPRECATION WARNING]" in line)

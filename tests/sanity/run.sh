@@ -13,5 +13,7 @@ mkdir -p "$dest"
 git ls-files -co --exclude-standard | grep -v '^lab/\|^bench/' | tar -cT - | tar -C "$dest" -x
 cd "$dest"
 git init -q && git add -A && git -c user.email=ci@localhost -c user.name=ci commit -qm sanity
-"$repo/.venv/bin/ansible-test" sanity --python "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" \
+# ANSIBLE_TEST and SANITY_PYTHON: another ansible-core's ansible-test and its Python (scripts/matrix.sh).
+"${ANSIBLE_TEST:-$repo/.venv/bin/ansible-test}" sanity \
+  --python "${SANITY_PYTHON:-$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}" \
   "$@" 2>&1 | grep -v -E '^(Looking in|WARNING: Location|Collecting|Downloading|  Downloading|Using cached|Successfully|Installing collected|Requirement already| +━)' 

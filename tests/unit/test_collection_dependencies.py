@@ -105,7 +105,7 @@ def test_the_walk_finds_each_kind_of_use():
         "f.yml",
         found,
     )
-    assert {(n, k) for n, k, _ in found} == {
+    assert {(use[0], use[1]) for use in found} == {
         ("community.general.alternatives", "module"),
         ("ansible.builtin.include_role", "module"),
         ("other.coll.role", "role"),
@@ -135,13 +135,15 @@ def test_every_collection_used_is_declared():
 
 
 def test_every_declared_collection_is_used():
-    used = {collection_of(name) for name, _, _ in used_names()}
+    used = {collection_of(use[0]) for use in used_names()}
     unused = sorted(set(declared()) - used)
     assert not unused, f"galaxy.yml declares {unused} but no role, playbook or action plugin uses them: drop them"
 
 
-def _filter_names() -> set[str]:
+def _jinja_names() -> set[str]:
+    """Filters (documented by <name>.yml, or named in a FilterModule), tests and lookups of the checkout."""
     names = {p.stem for p in (REPO / "plugins/filter").glob("*.yml")}
+    names |= {p.stem for top in ("lookup", "test") for p in (REPO / "plugins" / top).glob("*.py")}
     for path in (REPO / "plugins/filter").glob("*.py"):
         names |= set(re.findall(r'^\s+"([a-z_]+)":\s', path.read_text(), re.M))
     return names
@@ -152,7 +154,7 @@ def test_every_name_of_this_collection_resolves():
         p.stem for p in (REPO / "plugins/action").glob("*.py")
     }
     roles = {p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir()}
-    known = {"module": modules, "role": roles, "jinja": _filter_names()}
+    known = {"module": modules, "role": roles, "jinja": _jinja_names()}
     unknown = [
         f"{name} ({kind}) in {where}"
         for name, kind, where in used_names()
