@@ -15,9 +15,16 @@ its expected and observed value and, when they differ, the drift in words a pers
   installed file matches its RECORD hash (a removed, added or edited package shows);
 * each managed file (the serving unit, its environment file) equals its rendered template; an environment file is
   compared variable by variable;
-* ``gpus``: the GPU health judged by ``nvml_info`` (driver against the profile's minimum, errors, clocks).
+* ``serving unit``: the unit as systemd runs it (``systemctl show``, its file and every drop-in) against the rendered
+  unit and environment file: what a drop-in overrides of what the profile sets, a unit file that takes precedence
+  over the collection's, a stopped unit (and who holds its port);
+* ``serving process``: the unit's main process (``/proc``: command line, environment, the venv it runs from) against
+  the unit and ``current``: a server started by hand, or before current or its files changed;
+* ``gpus``: the GPU health judged by ``nvml_info`` (driver against the profile's minimum, errors, clocks), the
+  processes of the server's tree counted as its own.
 
-Every item is ``{item, ok, expected, observed, drift: [words]}``; ``judge`` adds the verdict.
+Every item is ``{item, ok, expected, observed, drift: [words]}`` (the items of what runs also ``repair``: restart, or
+refuse with its ``fix``); ``judge`` adds the verdict, ``repairs`` what a re-run does about what runs.
 """
 
 from __future__ import annotations
