@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import tempfile
@@ -14,6 +15,8 @@ from ansible.module_utils.basic import missing_required_lib
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_plan import ARGUMENT_SPEC
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._controller import profile_and_folder
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import (
     fetch_wheelhouse,
@@ -44,34 +47,18 @@ class ActionModule(ActionBase):
             self._fail(result, f"{host}: {missing_required_lib('packaging')}")
             result["exception"] = PACKAGING_IMPORT_ERROR
             return result
-        profile = args["profile"] or self._var(task_vars, "gpufleet_stack")
-        controller_dir = args["controller_dir"] or self._var(task_vars, "gpufleet_controller_dir")
-        if not profile:
-            return self._fail(result, f"{host}: no profile; run role gpufleet.upgrade.stack first or pass profile")
-        if not controller_dir:
-            return self._fail(
-                result, f"{host}: set gpufleet_controller_dir (where locks are kept) or pass controller_dir"
-            )
+        profile, controller_dir, error = profile_and_folder(args, task_vars, self._templar.template, host)
+        if error:
+            return self._fail(result, error)
+        fetcher = Fetcher(timeout=args["timeout"])
+        wheelhouse = os.path.join(controller_dir, "wheelhouse")
+        if args["lock_file"]:
+            return self._plan_lock_file(result, args, profile, fetcher, wheelhouse, host)
         target = Target(
             python_version=args["python_version"] or profile["python"]["version"], platform=args["platform"]
         )
-        fetcher = Fetcher(timeout=args["timeout"])
-        wheelhouse = os.path.join(controller_dir, "wheelhouse")
-        today = None
-        if args["today"]:
-            import datetime
-
-            today = datetime.date.fromisoformat(args["today"])
         try:
-            lock = make_lock(
-                profile,
-                target,
-                fetcher,
-                find_uv(args["uv_path"]),
-                tools=args["tools"],
-                today=today,
-                wheelhouse=wheelhouse if args["fetch"] and not self._task.check_mode else None,
-            )
+            lock = self._make_lock(args, profile, target, fetcher, wheelhouse)
         except PlanError as exc:
             return self._fail(result, f"{host}: wheel plan for profile {profile.get('name')!r} failed: {exc}")
         lock_dir = os.path.join(controller_dir, "locks")
@@ -98,12 +85,24 @@ class ActionModule(ActionBase):
                         handle.write("\n".join(report_lines(lock)) + "\n")
             except PlanError as exc:
                 return self._fail(result, f"{host}: {exc}")
+        # The same lock as a lock file, so what this run installs can be reviewed and applied again as it is.
+        made_file = lock_path[: -len(".json")] + ".lock.yml"
+        doc = lf.make_document(profile, [lock], lock.get("generated_at") or _now())
+        if not self._task.check_mode and not _same_entries(made_file, doc):
+            lf.write(made_file, lf.dumps(doc))
         lock["path"] = lock_path
+        lock["lock_file"] = made_file
+        made_now = (
+            f"lock made now by this run (no gpufleet_lock_file given), written to {made_file}"
+            f"{' (check mode: not written)' if self._task.check_mode else ''}; review it and apply exactly it with"
+            f" -e gpufleet_lock_file={made_file}"
+        )
         result.update(
             changed=changed,
             lock=lock,
             lock_path=lock_path,
-            report=report_lines(lock),
+            lock_file=made_file,
+            report=[made_now, *report_lines(lock)],
             fetch={**fetched, "requests": fetcher.requests, "bytes_in": fetcher.bytes_in},
             ansible_facts={"gpufleet_wheel_lock": lock},
         )
@@ -113,14 +112,103 @@ class ActionModule(ActionBase):
                 result["diff"]["before"] = result["diff"]["after"]
         return result
 
-    def _var(self, task_vars, name):
-        value = task_vars.get(name)
-        return self._templar.template(value) if value is not None else None
+    def _make_lock(self, args, profile, target, fetcher, wheelhouse):
+        today = datetime.date.fromisoformat(args["today"]) if args["today"] else None
+        return make_lock(
+            profile,
+            target,
+            fetcher,
+            find_uv(args["uv_path"]),
+            tools=args["tools"],
+            today=today,
+            wheelhouse=wheelhouse if args["fetch"] and not self._task.check_mode else None,
+        )
+
+    def _plan_lock_file(self, result, args, profile, fetcher, wheelhouse, host):
+        """Plan every target, write the lock file and its report (not in check mode), diff it against the previous
+        one. An unchanged plan leaves the file as it is (its date too), so a re-plan without news is no change."""
+        path = args["lock_file"]
+        python = args["python_version"] or profile["python"]["version"]
+        try:
+            targets = (
+                lf.plan_targets(args["hosts"], python)
+                if args["hosts"]
+                else [{"platform": args["platform"], "python": python, "hosts": []}]
+            )
+        except lf.LockFileError as exc:
+            return self._fail(result, f"{host}: {exc}")
+        try:
+            previous = lf.read(path) if os.path.exists(path) else None
+        except lf.LockFileError as exc:
+            return self._fail(result, f"{host}: {exc}; or move it aside to plan without a previous lock file")
+        locks = []
+        for target in targets:
+            try:
+                lock = self._make_lock(
+                    args, profile, Target(str(target["python"]), target["platform"]), fetcher, wheelhouse
+                )
+                if args["fetch"] and not self._task.check_mode:
+                    fetch_wheelhouse(fetcher, lock, wheelhouse)
+            except PlanError as exc:
+                return self._fail(
+                    result,
+                    f"{host}: wheel plan for profile {profile.get('name')!r}, {target['platform']} Python"
+                    f" {target['python']}, failed: {exc}. The lock file {path} was not changed",
+                )
+            locks.append(lock)
+        doc = lf.make_document(profile, locks, _now())
+        change = lf.diff(previous, doc)
+        if previous is not None and not change["changed"]:
+            doc = previous
+        text = lf.dumps(doc)
+        report = lf.report_path(path)
+        report_text = "\n".join(
+            ["plan diff against the previous lock file:", *lf.diff_lines(change), ""]
+            + [line for lock in locks for line in (*report_lines(lock), "")]
+        )
+        before = ""
+        if previous is not None:
+            with open(path, encoding="utf-8") as handle:
+                before = handle.read()
+        changed = text != before
+        if not self._task.check_mode:
+            if changed:
+                lf.write(path, text)
+            lf.write(report, report_text)
+        result.update(
+            changed=changed,
+            lock_file=path,
+            report_path=report,
+            plan_diff=change,
+            diff_lines=lf.diff_lines(change),
+            targets=targets,
+            group_lines=[
+                f"group {t['platform']} Python {t['python']}: {', '.join(t['hosts']) or 'every host'}" for t in targets
+            ],
+            entries=doc["entries"],
+            report=report_text.splitlines(),
+            fetch={"requests": fetcher.requests, "bytes_in": fetcher.bytes_in},
+        )
+        if self._task.diff:
+            result["diff"] = {"before": before, "after": text, "before_header": path, "after_header": path}
+        return result
 
     @staticmethod
     def _fail(result, msg):
         result.update(failed=True, msg=msg)
         return result
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _same_entries(path, doc):
+    """Whether the lock file at ``path`` already holds ``doc``'s entries for the same profile (then it stays)."""
+    try:
+        return not lf.diff(lf.read(path), doc)["changed"]
+    except lf.LockFileError:
+        return False
 
 
 def _write_json(path, doc):

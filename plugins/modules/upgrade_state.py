@@ -63,7 +63,7 @@ options:
   lock:
     description:
       - The wheel lock the run applied (C(venv_name), C(hash), C(profile), C(file) the controller took it from),
-        recorded with the run's result. Kept across later runs until another one records a lock: an audit without a
+        recorded with the run's result. Kept across later runs until another one records a lock; an audit without a
         lock file judges the host against it (with C(<serving_root>/locks/<venv_name>.txt)).
     type: dict
 """

@@ -44,6 +44,13 @@ description:
   - Writes the lock to O(controller_dir)C(/locks/<profile>-<hash12>.json) with a human report beside it, downloads
     every locked wheel once into O(controller_dir)C(/wheelhouse) (sha256 verified) and sets the fact
     C(gpufleet_wheel_lock).
+  - Also writes the same lock as a lock file (C(<profile>-<hash12>.lock.yml) beside it, the format of O(lock_file))
+    and puts first in the report that the lock was made now and where it was written, so what a run installed can be
+    reviewed and applied again as it is (C(gpufleet_lock_file), action C(gpufleet.upgrade.wheel_lock)).
+  - With O(lock_file) (C(playbooks/plan.yml)) it plans every group of O(hosts) and writes them as one lock file, the
+    fleet's reviewed desired state; the plan report goes beside it (C(<name>.report.txt)) and the result says what
+    changed against the lock file that was there (packages added, removed, changed, with versions and sha256). A
+    plan that changes nothing leaves the file as it was.
   - Runs on the controller only; needs C(packaging) and C(uv) there.
 version_added: 0.1.0
 options:
@@ -80,6 +87,19 @@ options:
   today:
     description: Date (C(YYYY-MM-DD)) that ages are measured from; defaults to today. For tests and audits.
     type: str
+  lock_file:
+    description:
+      - Path of the fleet's lock file to write (YAML, keys sorted, entries by architecture, Python and glibc,
+        packages by name; the profile's name and hash inside). The previous content is what the result's diff is
+        against. Unset, the module plans one lock for O(platform) and O(python_version) as before.
+    type: path
+  hosts:
+    description:
+      - With O(lock_file), the hosts to plan for, each host's name mapped to its platform (C(ARCH-manylinux_2_MINOR),
+        as role venv_rebuild's inspection reads it). One lock file entry is planned per architecture and Python,
+        for the lowest glibc among that group's hosts; the Python is O(python_version). Unset, one entry for
+        O(platform).
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -88,7 +108,7 @@ attributes:
   diff_mode:
     support: full
     description: Shows the plan it writes as a diff of the lock's report.
-    details: The human report of the plan.
+    details: The human report of the plan; with O(lock_file), the lock file before and after.
   action:
     support: full
     description: Runs as an action plugin on the controller.
@@ -103,6 +123,17 @@ EXAMPLES = r"""
   gpufleet.upgrade.wheel_plan:
     platform: x86_64-manylinux_2_36
   run_once: true
+
+- name: Plan the fleet's lock file for two groups of hosts
+  gpufleet.upgrade.wheel_plan:
+    lock_file: /srv/gpufleet/fleet.lock.yml
+    python_version: "3.12"
+    hosts:
+      gpu-a1: x86_64-manylinux_2_35
+      gpu-a2: x86_64-manylinux_2_39
+      gpu-g1: aarch64-manylinux_2_39
+  run_once: true
+  register: plan
 
 - name: Plan for Python 3.12 hosts without filling the wheelhouse
   gpufleet.upgrade.wheel_plan:
@@ -163,6 +194,41 @@ fetch:
   description: What crossed from the indexes in this run (files fetched or reused, requests, bytes).
   returned: success
   type: dict
+lock_file:
+  description: The lock file written (with O(lock_file)), or the one this run's lock was also written as.
+  returned: success
+  type: str
+report_path:
+  description: The plan report beside the lock file.
+  returned: with O(lock_file)
+  type: str
+plan_diff:
+  description:
+    - What the lock file changes against the previous one, C(previous) (whether there was one), C(changed),
+      C(profile) (old and new hash) and per entry C(entry), C(old_venv), C(new_venv), C(added), C(removed) (each
+      C(name), C(version), C(sha256), C(filename)) and C(changed) (C(name), C(old), C(new)).
+  returned: with O(lock_file)
+  type: dict
+diff_lines:
+  description: The plan diff in words, one line per package (C(~ name old (sha256 ...) -> new (sha256 ...))).
+  returned: with O(lock_file)
+  type: list
+  elements: str
+targets:
+  description: The groups planned, each C(platform), C(python) and C(hosts).
+  returned: with O(lock_file)
+  type: list
+  elements: dict
+group_lines:
+  description: One line per group planned, C(group <platform> Python <X.Y>) and its hosts.
+  returned: with O(lock_file)
+  type: list
+  elements: str
+entries:
+  description: The lock file's entries (C(platform), C(python), C(hash), C(venv_name), C(packages), C(tools), ...).
+  returned: with O(lock_file)
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -177,6 +243,8 @@ ARGUMENT_SPEC = {
     "uv_path": {"type": "path"},
     "timeout": {"type": "int", "default": 30},
     "today": {"type": "str"},
+    "lock_file": {"type": "path"},
+    "hosts": {"type": "dict"},
 }
 
 

@@ -19,3 +19,24 @@ def playbook_pid() -> int:
     except OSError:
         return pid
     return parent if b"ansible" in cmdline or b"python" in cmdline else pid
+
+
+def profile_and_folder(args, task_vars, template, host) -> tuple:
+    """The profile and the controller folder an action works with: its own arguments, else the play's
+    ``gpufleet_stack`` (role stack) and ``gpufleet_controller_dir``. Returns (profile, folder, error or None)."""
+
+    def var(name):
+        value = task_vars.get(name)
+        return template(value) if value is not None else None
+
+    profile = args.get("profile") or var("gpufleet_stack")
+    folder = args.get("controller_dir") or var("gpufleet_controller_dir")
+    if not profile:
+        return None, None, f"{host}: no profile; run role gpufleet.upgrade.stack first or pass profile"
+    if not folder:
+        return (
+            None,
+            None,
+            f"{host}: set gpufleet_controller_dir (where locks and wheels are kept) or pass controller_dir",
+        )
+    return profile, folder, None

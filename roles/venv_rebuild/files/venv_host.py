@@ -3,7 +3,8 @@
 """The host side of role venv_rebuild, one call per step: ``inspect`` (read-only) and ``build`` (pull, build, verify).
 
 Usage: python venv_host.py inspect SERVING_ROOT TOOLS_ROOT PYTHON WHEELHOUSE
-       python venv_host.py locate SERVING_ROOT     (read-only: platform, venvs and current only, no subprocess)
+       python venv_host.py locate SERVING_ROOT [STATE_PATH]  (read-only: platform, venvs, current and the lock the
+                                                          state file records, no subprocess)
        python venv_host.py build -          (SPEC_JSON on stdin)
 Stdlib only; prints one JSON object. The role runs it as ``python -c <this file> ARGS`` through
 ansible.builtin.command, so each step is one pipelined SSH exchange (no temporary file to copy, chmod and remove).
@@ -192,9 +193,27 @@ def fetch(url, dest, sha256, timeout, size=None):
 # ---- inspect -----------------------------------------------------------------------------------------------
 
 
-def locate(serving_root):
-    """What the host model's expected venv is picked from (entry point expected, an audit): platform, venvs, current.
-    Reads a few directory entries and starts no process, so the audit's extra round trip costs the host little."""
+def recorded_lock(serving_root, state_path):
+    """The lock the host's last upgrade applied: the state file's ``lock`` record (venv_name, hash, profile) and the
+    text of ``<serving_root>/locks/<venv_name>.txt`` the build wrote. An audit without a lock file judges the host
+    against it (``_lock_file.recorded_lock`` on the controller checks the two agree)."""
+    record = {"state_path": state_path, "lock": None, "lock_text": None, "lock_text_path": None}
+    try:
+        with open(state_path, encoding="utf-8") as handle:
+            lock = json.load(handle).get("lock")
+    except (OSError, ValueError, AttributeError):
+        return record
+    if isinstance(lock, dict) and lock.get("venv_name"):
+        record["lock"] = lock
+        record["lock_text_path"] = os.path.join(serving_root, "locks", os.path.basename(lock["venv_name"]) + ".txt")
+        record["lock_text"] = read(record["lock_text_path"])
+    return record
+
+
+def locate(serving_root, state_path=None):
+    """What the host model's expected venv is picked from (entry point expected, an audit): platform, venvs, current,
+    and with ``state_path`` the lock the last upgrade applied. Reads a few directory entries and files and starts no
+    process, so the audit's extra round trip costs the host little."""
     venvs_dir = os.path.join(serving_root, "venvs")
     venvs = []
     if os.path.isdir(venvs_dir):
@@ -206,7 +225,7 @@ def locate(serving_root):
     current_link = os.path.join(serving_root, "current")
     current = os.path.realpath(current_link) if os.path.islink(current_link) else None
     glibc = platform.libc_ver()[1] or ""
-    return {
+    found = {
         "arch": platform.machine(),
         "glibc": glibc,
         "platform": f"{platform.machine()}-manylinux_{glibc.replace('.', '_')}" if glibc else "",
@@ -214,6 +233,9 @@ def locate(serving_root):
         "current": current,
         "current_is_link": os.path.islink(current_link),
     }
+    if state_path:
+        found["recorded"] = recorded_lock(serving_root, state_path)
+    return found
 
 
 def inspect(serving_root, tools_root, python, wheelhouse):
@@ -409,8 +431,8 @@ def main(argv):
     if argv[:1] == ["inspect"] and len(argv) == 5:
         print(json.dumps(inspect(*argv[1:5])))
         return 0
-    if argv[:1] == ["locate"] and len(argv) == 2:
-        print(json.dumps(locate(argv[1])))
+    if argv[:1] == ["locate"] and len(argv) in (2, 3):
+        print(json.dumps(locate(*argv[1:3])))
         return 0
     if argv == ["build", "-"]:
         print(json.dumps(build(json.loads(sys.stdin.read()))))

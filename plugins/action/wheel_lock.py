@@ -1,0 +1,77 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin: take the fleet's reviewed lock file on the controller; never ask an index anything."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_lock import ARGUMENT_SPEC
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._controller import profile_and_folder
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import fetch_wheelhouse, verify_wheelhouse
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import PlanError
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        host = task_vars.get("inventory_hostname", "controller")
+        profile, controller_dir, error = profile_and_folder(args, task_vars, self._templar.template, host)
+        if error:
+            return _fail(result, error)
+        path = os.path.abspath(args["path"])
+        wheelhouse = os.path.join(controller_dir, "wheelhouse")
+        try:
+            doc = lf.read(path)
+            lf.check_profile(doc, profile, path)
+            locks = [lf.entry_lock(doc, entry, path, wheelhouse) for entry in doc["entries"]]
+            fetched = self._fetch(args, locks, wheelhouse) if args["fetch"] else []
+            self._check_wheels(args, locks, wheelhouse, path)
+        except (lf.LockFileError, PlanError) as exc:
+            return _fail(result, str(exc))
+        result.update(
+            changed=bool(fetched) and not self._task.check_mode,
+            path=path,
+            profile=doc["profile"],
+            entries=locks,
+            fetched=fetched,
+        )
+        return result
+
+    def _fetch(self, args, locks, wheelhouse):
+        """The lock's own files from the URLs it names (sha256 checked); check mode names them only."""
+        wanted = [f for lock in locks for f in verify_wheelhouse(lock, wheelhouse)]
+        if self._task.check_mode or not wanted:
+            return sorted(set(wanted))
+        fetcher = Fetcher(timeout=args["timeout"])
+        for lock in locks:
+            fetch_wheelhouse(fetcher, lock, wheelhouse)
+        return sorted(set(wanted))
+
+    def _check_wheels(self, args, locks, wheelhouse, path):
+        if args["fleet_cache_url"]:
+            files = {w["filename"]: w for lock in locks for w in lock["packages"] + lock["tools"]}
+            gone = lf.missing_from_site_cache(
+                [files[name] for name in sorted(files)], args["fleet_cache_url"], timeout=args["timeout"]
+            )
+            lf.refuse_missing({"site cache": gone}, f"the site cache {args['fleet_cache_url']}", path)
+            return
+        if self._task.check_mode and args["fetch"]:
+            return  # the files named as fetched would be there after a real run
+        gone = {lock["venv_name"]: verify_wheelhouse(lock, wheelhouse) for lock in locks}
+        lf.refuse_missing(gone, f"the controller's wheelhouse {wheelhouse}", path)
+
+
+def _fail(result, msg):
+    result.update(failed=True, msg=msg)
+    return result

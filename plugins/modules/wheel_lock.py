@@ -1,0 +1,121 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# The work happens in the action plugin of the same name (plugins/action/wheel_lock.py), on the controller, where
+# the lock file and the wheelhouse are.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: wheel_lock
+short_description: Take the fleet's reviewed lock file, refusing one made for another profile or whose wheels are gone
+description:
+  - Reads the lock file O(path) that C(playbooks/plan.yml) wrote (module C(gpufleet.upgrade.wheel_plan) with
+    C(lock_file)) and returns its entries, each shaped as the fact C(gpufleet_wheel_lock) that role C(venv_rebuild)
+    installs and role C(assess) judges. Asks no index anything.
+  - Refuses the file when its profile's name or hash differs from the profile loaded now (role C(stack)); the hash
+    covers the profile's content without its URLs (site mirrors may differ between planning and applying).
+  - Refuses it when the wheels it locks are not at hand, naming every missing file, before any host changes. Without
+    O(fleet_cache_url) the controller's wheelhouse must hold each wheel with its locked sha256 (hashes recorded for
+    unchanged files are reused; others are read). With O(fleet_cache_url) (a site cache the hosts pull from) each
+    wheel must be served there at C(/wheels/<file>) with the locked size (one HEAD request each); the hosts check
+    the sha256 as they pull.
+  - With O(fetch), wheels missing from the wheelhouse are first downloaded from the URLs the lock file names, sha256
+    checked (the lock's own files; no index listing is read).
+  - Each host picks its entry with filter C(gpufleet.upgrade.lock_entry) (same architecture and Python, the newest
+    glibc no newer than the host's).
+version_added: 0.1.0
+options:
+  path:
+    description: The lock file.
+    type: path
+    required: true
+  profile:
+    description: The validated stack profile; defaults to the fact C(gpufleet_stack) set by role C(stack).
+    type: dict
+  controller_dir:
+    description: Controller folder of the wheelhouse; defaults to C(gpufleet_controller_dir).
+    type: path
+  fleet_cache_url:
+    description: A site cache the hosts pull the wheels from (C(gpufleet_fleet_cache_url)); unset, the controller's
+      wheelhouse is checked.
+    type: str
+  fetch:
+    description: Download the lock's wheels missing from the controller's wheelhouse from the URLs it names.
+    type: bool
+    default: false
+  timeout:
+    description: Seconds to wait for each request (site cache, fetch).
+    type: int
+    default: 30
+attributes:
+  check_mode:
+    support: full
+    description: Reads and checks as usual; with O(fetch) it reports the wheels it would download and downloads none.
+  diff_mode:
+    support: none
+    description: Nothing to show as a diff.
+  action:
+    support: full
+    description: Runs as an action plugin on the controller.
+notes:
+  - Use with C(run_once); every host then takes its entry with filter C(gpufleet.upgrade.lock_entry).
+author:
+  - gpufleet maintainers (@gpufleet)
+"""
+
+EXAMPLES = r"""
+- name: Take the reviewed lock file
+  gpufleet.upgrade.wheel_lock:
+    path: "{{ gpufleet_lock_file }}"
+  run_once: true
+  register: lock_file
+
+- name: Install the host's entry of it
+  ansible.builtin.set_fact:
+    gpufleet_wheel_lock: "{{ lock_file | gpufleet.upgrade.lock_entry(platform, '3.12', inventory_hostname) }}"
+"""
+
+RETURN = r"""
+path:
+  description: The lock file read.
+  returned: success
+  type: str
+profile:
+  description: The lock file's profile, C(name) and C(hash).
+  returned: success
+  type: dict
+entries:
+  description: One lock per entry, as fact C(gpufleet_wheel_lock) holds it (C(platform), C(python), C(hash),
+    C(venv_name), C(packages), C(tools), C(overrides), C(lock_rules), C(profile), C(profile_hash), C(path) the lock
+    file, C(wheelhouse)).
+  returned: success
+  type: list
+  elements: dict
+fetched:
+  description: Files downloaded into the wheelhouse (O(fetch)); in check mode the files it would download.
+  returned: success
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+ARGUMENT_SPEC = {
+    "path": {"type": "path", "required": True},
+    "profile": {"type": "dict"},
+    "controller_dir": {"type": "path"},
+    "fleet_cache_url": {"type": "str"},
+    "fetch": {"type": "bool", "default": False},
+    "timeout": {"type": "int", "default": 30},
+}
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg="gpufleet.upgrade.wheel_lock runs as its action plugin on the controller; call it by its FQCN")
+
+
+if __name__ == "__main__":
+    main()

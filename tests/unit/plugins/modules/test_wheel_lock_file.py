@@ -1,0 +1,165 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""wheel_plan with lock_file (playbooks/plan.yml) and wheel_lock (applying it): what is written, when, and what is
+refused before any host changes. The planner itself is replaced by a fake: these tests are about the lock file."""
+
+from __future__ import annotations
+
+import hashlib
+from unittest.mock import MagicMock
+
+import pytest
+import yaml
+
+from ansible_collections.gpufleet.upgrade.plugins.action import wheel_lock as lock_action
+from ansible_collections.gpufleet.upgrade.plugins.action import wheel_plan as plan_action
+from ansible_collections.gpufleet.upgrade.plugins.modules import wheel_lock as lock_module
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
+
+PROFILE = {"name": "lab", "python": {"version": "3.11"}, "wheels": {"indexes": [], "packages": [], "rules": {}}}
+
+
+def fake_lock(target, kernel="0.3.21+cu130", content=b"kernel-1"):
+    filename = f"lab_sgl_kernel-{kernel}-py3-none-any.whl"
+    sha = hashlib.sha256(content).hexdigest()
+    digest = hashlib.sha256(f"{target.platform}{target.python_version}{sha}".encode()).hexdigest()
+    return {
+        "profile": "lab",
+        "python": target.python_version,
+        "platform": target.platform,
+        "hash": digest,
+        "hash12": digest[:12],
+        "venv_name": f"lab-{digest[:12]}",
+        "packages": [
+            {
+                "name": "lab-sgl-kernel",
+                "version": kernel,
+                "filename": filename,
+                "url": f"http://127.0.0.1:1/{filename}",
+                "sha256": sha,
+                "size": len(content),
+                "role": "profile",
+            }
+        ],
+        "tools": [],
+        "overrides": [],
+        "report": {"lab-sgl-kernel": {"why": "newest", "sources": {}, "candidates": []}},
+        "lock_rules": {},
+    }
+
+
+def make(action_module, name, args, check_mode=False, diff=False):
+    task = MagicMock()
+    task.args = args
+    task.check_mode = check_mode
+    task.diff = diff
+    task.async_val = 0
+    task.action = f"gpufleet.upgrade.{name}"
+    plugin = action_module.ActionModule(task, MagicMock(), MagicMock(), MagicMock(), MagicMock(), MagicMock())
+    plugin._templar.template = lambda value: value
+    return plugin
+
+
+@pytest.fixture
+def index(monkeypatch):
+    """A fake planner over an index whose kernel build the test can change; fills the wheelhouse like the real one."""
+    state = {"kernel": "0.3.21+cu130", "content": b"kernel-1", "targets": []}
+
+    def make_lock(profile, target, fetcher, uv, tools, today, wheelhouse):
+        state["targets"].append((target.platform, target.python_version))
+        return fake_lock(target, state["kernel"], state["content"])
+
+    def fetch_wheelhouse(fetcher, lock, wheelhouse):
+        import os
+
+        os.makedirs(wheelhouse, exist_ok=True)
+        for entry in lock["packages"]:
+            with open(os.path.join(wheelhouse, entry["filename"]), "wb") as handle:
+                handle.write(state["content"])
+        return {}
+
+    monkeypatch.setattr(plan_action, "make_lock", make_lock)
+    monkeypatch.setattr(plan_action, "find_uv", lambda path: "/usr/bin/uv")
+    monkeypatch.setattr(plan_action, "fetch_wheelhouse", fetch_wheelhouse)
+    return state
+
+
+def plan(tmp_path, check_mode=False, hosts=None):
+    args = {
+        "profile": PROFILE,
+        "controller_dir": str(tmp_path / "c"),
+        "lock_file": str(tmp_path / "fleet.lock.yml"),
+        "hosts": hosts or {"node1": "x86_64-manylinux_2_36", "node2": "x86_64-manylinux_2_39"},
+    }
+    return make(plan_action, "wheel_plan", args, check_mode=check_mode, diff=True).run(task_vars={})
+
+
+def apply(tmp_path, **extra):
+    args = {"path": str(tmp_path / "fleet.lock.yml"), "profile": PROFILE, "controller_dir": str(tmp_path / "c")}
+    return make(lock_action, "wheel_lock", {**args, **extra}).run(task_vars={"inventory_hostname": "node1"})
+
+
+def test_module_documentation_matches_its_argument_spec():
+    doc = yaml.safe_load(lock_module.DOCUMENTATION)
+    assert set(doc["options"]) == set(lock_module.ARGUMENT_SPEC)
+    for name, spec in lock_module.ARGUMENT_SPEC.items():
+        assert doc["options"][name]["type"] == spec["type"], name
+
+
+def test_check_mode_shows_the_diff_and_writes_nothing(index, tmp_path):
+    result = plan(tmp_path, check_mode=True)
+    assert not result.get("failed"), result
+    assert result["changed"] is True
+    assert result["diff_lines"][0] == "no previous lock file: every package below is new"
+    assert not (tmp_path / "fleet.lock.yml").exists() and not (tmp_path / "fleet.lock.report.txt").exists()
+    assert "lab-sgl-kernel" in result["diff"]["after"] and result["diff"]["before"] == ""
+
+
+def test_one_entry_per_group_at_its_lowest_glibc_then_a_plan_without_news_changes_nothing(index, tmp_path):
+    first = plan(tmp_path, hosts={"n1": "x86_64-manylinux_2_39", "n2": "x86_64-manylinux_2_36", "g": "aarch64-linux"})
+    assert index["targets"] == [("aarch64-linux", "3.11"), ("x86_64-manylinux_2_36", "3.11")]
+    assert first["group_lines"] == [
+        "group aarch64-linux Python 3.11: g",
+        "group x86_64-manylinux_2_36 Python 3.11: n1, n2",
+    ]
+    text = (tmp_path / "fleet.lock.yml").read_text()
+    report = (tmp_path / "fleet.lock.report.txt").read_text()
+    assert report.startswith("plan diff against the previous lock file:") and "lab-sgl-kernel: newest" in report
+    second = plan(tmp_path, hosts={"n1": "x86_64-manylinux_2_39", "n2": "x86_64-manylinux_2_36", "g": "aarch64-linux"})
+    assert second["changed"] is False and second["diff_lines"] == ["no change against the previous lock file"]
+    assert (tmp_path / "fleet.lock.yml").read_text() == text  # not even its date moved
+
+
+def test_a_new_build_is_the_diff_and_the_apply_takes_it(index, tmp_path):
+    plan(tmp_path)
+    old = lf.read(str(tmp_path / "fleet.lock.yml"))["entries"][0]["venv_name"]
+    index.update(kernel="0.3.22+cu130", content=b"kernel-2")
+    result = plan(tmp_path)
+    assert result["changed"] is True
+    assert result["diff_lines"][1].startswith("  ~ lab-sgl-kernel 0.3.21+cu130 (sha256 ")
+    assert "-> 0.3.22+cu130 (sha256 " in result["diff_lines"][1] and len(result["diff_lines"]) == 2
+    taken = apply(tmp_path)
+    assert not taken.get("failed"), taken
+    (entry,) = taken["entries"]
+    assert entry["venv_name"] != old and entry["packages"][0]["version"] == "0.3.22+cu130"
+    assert entry["path"] == str(tmp_path / "fleet.lock.yml") and entry["wheelhouse"] == str(tmp_path / "c/wheelhouse")
+
+
+def test_apply_refuses_another_profile_and_missing_or_changed_wheels_naming_them(index, tmp_path):
+    plan(tmp_path)
+    other = dict(PROFILE, python={"version": "3.12"})
+    refused = apply(tmp_path, profile=other)
+    assert refused["failed"] and "the profile changed since the plan" in refused["msg"]
+    wheel = tmp_path / "c/wheelhouse/lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl"
+    wheel.write_bytes(b"republished")
+    refused = apply(tmp_path)
+    assert refused["failed"] and "no longer holds every wheel" in refused["msg"]
+    assert "lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl" in refused["msg"] and "No host was changed" in refused["msg"]
+    wheel.unlink()
+    assert "lab_sgl_kernel-0.3.21+cu130" in apply(tmp_path)["msg"]
+
+
+def test_apply_of_a_file_that_is_not_there_names_it(tmp_path):
+    result = apply(tmp_path)
+    assert result["failed"] and "cannot be read" in result["msg"] and "fleet.lock.yml" in result["msg"]

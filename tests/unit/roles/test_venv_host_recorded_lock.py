@@ -1,0 +1,77 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""venv_host.py locate with the state path: the lock the last upgrade applied, as the audit without a lock file
+reads it (the state file's record and the lock text the build wrote, which _lock_file.recorded_lock joins)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
+
+SCRIPT = Path(__file__).resolve().parents[3] / "roles" / "venv_rebuild" / "files" / "venv_host.py"
+_spec = importlib.util.spec_from_file_location("venv_host", SCRIPT)
+vh = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vh)
+
+HASH = "9" * 64
+VENV = "lab-999999999999"
+PACKAGES = [
+    {"name": "lab-sgl-kernel", "version": "0.3.21+cu130", "sha256": "a" * 64},
+    {"name": "six", "version": "1.17.0", "sha256": "b" * 64},
+]
+
+
+@pytest.fixture
+def host(tmp_path):
+    serving, state = tmp_path / "serving", tmp_path / "state.json"
+    (serving / "locks").mkdir(parents=True)
+    # The text the build writes (roles/venv_rebuild/tasks/build.yml: lock_requirements with the header, tools after).
+    text = _lock.requirements_text(PACKAGES, header=f"{VENV}: lock {HASH}") + _lock.requirements_text(
+        [{"name": "uv", "version": "0.13.8", "sha256": "c" * 64}], comment_prefix="# tool: "
+    )
+    (serving / "locks" / f"{VENV}.txt").write_text(text)
+    record = {"venv_name": VENV, "hash": HASH, "profile": "lab", "file": "/c/locks/x.lock.yml"}
+    state.write_text(json.dumps({"run_id": "r1", "result": "upgraded", "lock": record}))
+    return serving, state
+
+
+def test_locate_with_the_state_path_reads_the_recorded_lock_and_the_controller_takes_it(host):
+    serving, state = host
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.read_text(), "locate", str(serving), str(state)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = json.loads(proc.stdout)
+    assert found["recorded"]["lock"]["venv_name"] == VENV
+    taken = lf.recorded_lock(found["recorded"], "node1", "lab")
+    assert taken["hash"] == HASH and taken["venv_name"] == VENV
+    assert taken["packages"] == [{"name": p["name"], "version": p["version"]} for p in PACKAGES]
+
+
+def test_a_state_file_without_a_lock_or_missing_gives_no_record(host, tmp_path):
+    serving, state = host
+    state.write_text(json.dumps({"run_id": "r1", "result": "failed_preflight"}))
+    assert vh.locate(str(serving), str(state))["recorded"]["lock"] is None
+    assert vh.locate(str(serving), str(tmp_path / "absent.json"))["recorded"]["lock"] is None
+    with pytest.raises(lf.LockFileError, match="no lock is recorded on the host"):
+        lf.recorded_lock(vh.locate(str(serving), str(state))["recorded"], "node1", "lab")
+
+
+def test_a_recorded_lock_whose_text_is_gone_is_named(host):
+    serving, state = host
+    (serving / "locks" / f"{VENV}.txt").unlink()
+    recorded = vh.locate(str(serving), str(state))["recorded"]
+    assert recorded["lock_text"] is None
+    with pytest.raises(lf.LockFileError, match=f"locks/{VENV}.txt, is missing"):
+        lf.recorded_lock(recorded, "node1", "lab")
