@@ -465,6 +465,32 @@ def _unit_exec_lines(unit, sources, want_argv, fragment_text_argv) -> list:
     return []
 
 
+def _process_reference(process, unit, sources, observed, want_argv, want_env):
+    """What the main process is judged against: ``(argv or None, {name: value}, who)``.
+
+    Without a unit, the profile. With one, only what the process runs otherwise than both the profile and the unit
+    (a stale or hand-started process, which a restart mends), judged against the unit; where the process runs what
+    the unit gives, a difference from the profile is the drift of the unit's files or of a drop-in, said once by
+    their items.
+    """
+    if unit is None:
+        return want_argv, want_env, "the profile"
+    have_argv = process.get("cmdline")
+    unit_argv = unit.get("exec_start") or want_argv
+    argv = None
+    if have_argv is not None and not (same_command(have_argv, want_argv) or same_command(have_argv, unit_argv)):
+        argv = unit_argv
+    environ = process.get("environ")
+    env = {}
+    for name, want in want_env.items():
+        origin = un.env_origin(name, unit, sources, observed.get("env_files") or {})
+        gives = origin["value"] if origin else None
+        have = (environ or {}).get(name)
+        if environ is None or (have != want and have != gives):
+            env[name] = gives
+    return argv, env, "the unit"
+
+
 def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link) -> list:
     """What runs against the profile: the effective unit (``serving unit``) and its main process (``serving
     process``). Each drifted item carries ``repair`` (restart or refuse) and, for a refusal, ``fix``.
@@ -522,16 +548,7 @@ def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link)
         entry.update(_repair_of(unit_lines))
         items.append(entry)
     if process is not None:
-        # What the unit gives where it runs one (a drop-in's part is the unit item's drift), else the profile's.
-        if unit is not None:
-            ref_argv = unit.get("exec_start") or want_argv
-            ref_env = {}
-            for name in want_env:
-                origin = un.env_origin(name, unit, sources, observed.get("env_files") or {})
-                ref_env[name] = origin["value"] if origin else None
-            who = "the unit"
-        else:
-            ref_argv, ref_env, who = want_argv, want_env, "the profile"
+        ref_argv, ref_env, who = _process_reference(process, unit, sources, observed, want_argv, want_env)
         target = os.path.realpath(venv_link) if venv_link and os.path.islink(venv_link) else None
         lines = process_differences(process, [target] if target else [], ref_env, ref_argv, who)
         fixed = [(RESTART, f"{words}: restart the unit" if unit is not None else words) for _kind, words in lines]

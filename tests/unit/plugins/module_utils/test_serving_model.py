@@ -334,3 +334,17 @@ def test_a_server_started_by_hand_on_the_unit_s_port_is_refused_with_its_pid(hos
     assert unit["fix"].endswith(
         "; fix: stop pid 321 (the collection does not stop a process it did not start), run again"
     )
+
+
+def test_a_file_edited_under_a_server_that_runs_the_profile_is_said_by_the_file_item_only(host):
+    """The environment file now says CUDA_HOME 12.8, the unit was not restarted: the server runs what the profile
+    wants. The file's own item names the edit; neither the unit nor the process item repeats it."""
+    with open(host["env_path"], "w") as handle:
+        handle.write('CUDA_HOME="/usr/local/cuda-12.8"\nCUDA_PATH="/usr/local/cuda-13.0"\n')
+    start(host, 123, host["argv"], RIGHT_ENV)
+    _seen, items = judge(host)
+    assert items["serving unit"]["ok"] and items["serving process"]["ok"], items
+    # Restarted on the edited file, the server runs what the unit gives: still the file's drift, said once.
+    (host["proc"] / "123" / "environ").write_bytes(b"CUDA_HOME=/usr/local/cuda-12.8\0CUDA_PATH=/usr/local/cuda-13.0\0")
+    _seen, items = judge(host)
+    assert items["serving unit"]["ok"] and items["serving process"]["ok"], items
