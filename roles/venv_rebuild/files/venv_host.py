@@ -137,7 +137,7 @@ def missing_wheels(wheels, wheelhouse, known):
     return missing
 
 
-def short_read(name, url, received, size=None, announced=None):
+def short_read(url, received, size=None, announced=None):
     """Why a download is a truncated one (fewer bytes than the lock's size or the server's Content-Length), or None.
 
     A cut download fails its sha256 as well; naming it by its bytes says what happened (a mirror or a connection
@@ -147,7 +147,7 @@ def short_read(name, url, received, size=None, announced=None):
     for want, what in expected:
         if want is not None and received < int(want):
             return (
-                f"truncated download of {name} from {url}: received {received} of {int(want)} bytes ({what}); "
+                f"truncated download of {url}: received {received} of {int(want)} bytes ({what}); "
                 "fix: check the fleet cache or the mirror behind it serves the whole file, then run again"
             )
     return None
@@ -159,7 +159,6 @@ def fetch(url, dest, sha256, timeout, size=None):
     digest = hashlib.sha256()
     received = 0
     announced = None
-    name = os.path.basename(dest)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
             length = resp.headers.get("Content-Length")
@@ -171,7 +170,7 @@ def fetch(url, dest, sha256, timeout, size=None):
                     received += len(chunk)
             except http.client.IncompleteRead as exc:
                 received += len(exc.partial)
-        short = short_read(name, url, received, size, announced)
+        short = short_read(url, received, size, announced)
         if short:
             raise StepError("fetch", short)
         if digest.hexdigest() != sha256:

@@ -178,19 +178,17 @@ def test_a_wheel_cut_short_is_named_a_truncated_download(host, tmp_path):
         server.server_close()
     assert not answer["ok"] and answer["failed_step"] == "fetch", answer
     half, whole = wheel.stat().st_size // 2, wheel.stat().st_size
-    assert f"truncated download of {wheel.name}" in answer["error"], answer
+    assert "truncated download of http://127.0.0.1:" in answer["error"] and wheel.name in answer["error"], answer
     assert f"received {half} of {whole} bytes (the lock's size)" in answer["error"], answer
     assert "did not match the lock" not in answer["error"], answer
     assert sorted(p.name for p in host["wheelhouse"].iterdir()) == [], "a cut file was left in the wheelhouse"
 
 
 def test_short_read_against_the_announced_length():
-    assert vh.short_read("w.whl", "u", 10) is None
-    assert vh.short_read("w.whl", "u", 10, size=10, announced=10) is None
-    assert "received 4 of 10 bytes (the Content-Length the server announced)" in vh.short_read(
-        "w.whl", "u", 4, None, 10
-    )
-    assert "received 4 of 8 bytes (the lock's size)" in vh.short_read("w.whl", "u", 4, 8, 10)
+    assert vh.short_read("u", 10) is None
+    assert vh.short_read("u", 10, size=10, announced=10) is None
+    assert "received 4 of 10 bytes (the Content-Length the server announced)" in vh.short_read("u", 4, None, 10)
+    assert "received 4 of 8 bytes (the lock's size)" in vh.short_read("u", 4, 8, 10)
 
 
 def test_check_mode_reports_the_steps_and_changes_nothing(host, cache):
