@@ -6,7 +6,7 @@
 The workers here are processes that sleep for what a step would cost on the GPU (a target pass, a draft pass), so
 the engine's batching, the per-chunk timing the benchmark reads and the speculation gate against a slowed draft are
 exercised end to end; on the device machine bench/spec_decode_device.py runs the same with lab_sglang.gpu's real
-worker (recorded in tests/data/device/h200-spec-decode-gate.json, replayed by test_device_spec_decode.py).
+worker (recorded in tests/data/device/h100-spec-decode-gate.json, replayed by test_device_spec_decode.py).
 """
 
 from __future__ import annotations
