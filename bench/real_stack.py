@@ -1,0 +1,310 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The real CUDA 13 stack, planned on the default index and installed through upgrade.yml on a lab node.
+
+    CONTAINERS_CONF=lab/containers.conf .venv/bin/python bench/real_stack.py [--profile stacks/cu130-sglang0523.yml]
+        [--keep] [--keep-wheels] [--work .lab/realstack]
+
+1. Plan: the profile's wheels planned on the controller by the wheel_plan action (bench/real_stack_plan.yml), against
+   the indexes the profile names ("default": this machine's configured index, read by the planner at run time):
+   once without fetching (the plan alone: probe, resolve, uv), once filling the wheelhouse (bytes fetched).
+2. Install: one lab node (python -m lab up 1 --name realstack, the old lab stack seeded) upgraded by
+   playbooks/upgrade.yml with that lock. A lab node has no GPU, no NVIDIA download server and no model, so the
+   profile the node is upgraded to is the real one with three sections taken from stacks/lab.yml: cuda (the lab's
+   redistributable mirror carries nvcc 13.0 and four more components), gpu (not required) and postcheck; and
+   serving runs the lab's SGLang stand-in (lab/wheels/lab-sglang, standard library only, copied to the node and
+   put on PYTHONPATH) with the real venv's Python. Its wheels section, hence the lock and the venv, is the real
+   profile's. The node gets the profile's Python (3.12) from this machine's own build of it.
+3. Measure on the node: the build step's own timing (venv_host.py build), the venv's size and files, bytecode
+   (compileall of site-packages into an empty cache, one worker per core: what --compile-bytecode adds), uv pip
+   check, which imports work without a GPU (each in its own process), and the audit (playbooks/audit.yml --check)
+   in each verify mode of role assess (assess_venv_verify record, size, none; assess_toolkit_verify sha256 once),
+   given the lock, and once as an operator runs it without a lock file (the audit takes the lock the host's last
+   upgrade recorded).
+Prints one JSON document. Removes the node, the wheelhouse and the caches at the end unless --keep/--keep-wheels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
+
+from bench.venv_rebuild import build_steps, task_durations  # noqa: E402
+from lab import mirrors, nodes  # noqa: E402
+from lab.common import mirror_ports, podman  # noqa: E402
+from lab.harness import run_playbook  # noqa: E402
+
+LAB_NAME = "realstack"
+PLAN_PLAYBOOK = "bench/real_stack_plan.yml"
+PLAN_TASK = "Plan the serving wheels (probe, resolve, lock; fill the wheelhouse when bench_fetch)"
+SERVING = "/opt/gpufleet/serving"
+UV = "/opt/gpufleet/tools/bin/uv"
+STANDIN_SRC = REPO / "lab" / "wheels" / "lab-sglang" / "src"
+STANDIN_DIR = "/opt/gpufleet-bench/lab-sglang"
+# The profile's packages and what SGLang's server imports at start that carries compiled code.
+IMPORTS = [
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "torchcodec",
+    "triton",
+    "flashinfer",
+    "sgl_kernel",
+    "sglang",
+    "sglang.srt.server_args",
+    "sglang.srt.entrypoints.engine",
+    "xgrammar",
+    "transformers",
+    "cuda.bindings.driver",
+    "cutlass",
+    "deep_gemm",
+    "flash_mla",
+    "tilelang",
+]
+
+
+def lab_profile(real: Path, out_dir: Path) -> Path:
+    """The real profile with the sections a lab node can serve taken from the lab's target profile (see above)."""
+    profile = yaml.safe_load(real.read_text())
+    lab = yaml.safe_load((REPO / "stacks" / "lab.yml").read_text())
+    profile["description"] += " (bench: the lab's toolkit mirror, serving stand-in and postcheck)"
+    profile["cuda"], profile["gpu"], profile["postcheck"] = lab["cuda"], lab["gpu"], lab["postcheck"]
+    profile["serving"] = {**lab["serving"], "env": {"PYTHONPATH": STANDIN_DIR}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / real.name
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path
+
+
+def host_platform() -> str:
+    """The lab node's platform as the planner names it (the node image is this machine's Debian release)."""
+    libc = os.confstr("CS_GNU_LIBC_VERSION").split()[-1].split(".")
+    return f"{os.uname().machine}-manylinux_{libc[0]}_{libc[1]}"
+
+
+def plan(profile: Path, controller: Path, env: dict, fetch: bool) -> dict:
+    inventory = controller.parent / "localhost.ini"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    summary = controller.parent / "plan.json"
+    extra = {
+        "gpufleet_stack_profile": str(profile),
+        "gpufleet_controller_dir": str(controller),
+        "gpufleet_index_urls": {},
+        "bench_platform": host_platform(),
+        "bench_fetch": fetch,
+        "bench_summary": str(summary),
+    }
+    t0 = time.monotonic()
+    res = run_playbook(PLAN_PLAYBOOK, inventory, extra, envvars=env)
+    wall = time.monotonic() - t0
+    if res.rc != 0:
+        raise SystemExit(f"the plan failed:\n{res}")
+    out = json.loads(summary.read_text())
+    lock = json.loads(Path(out["lock_path"]).read_text())
+    fetched = out["fetch"]
+    return {
+        "wall_s": round(wall, 1),
+        "task_s": round(sum(s for t, s in task_durations(res).items() if PLAN_TASK in t), 1),
+        "packages": len(lock["packages"]),
+        "lock_bytes": sum(e.get("size") or 0 for e in lock["packages"]),
+        "index_requests": fetched["requests"],
+        "bytes_in": fetched["bytes_in"],
+        "wheels_fetched": len(fetched.get("fetched", [])),
+        "wheelhouse_bytes": fetched.get("bytes", 0),
+        # uv reads the profile packages, given to it as URLs or wheelhouse files, by unpacking the whole wheel.
+        "uv_cache_bytes": tree_bytes(Path(env["UV_CACHE_DIR"])),
+        "lock": lock,
+        # The plan's verdicts without the per-candidate lines (every file the indexes list).
+        "report": [line for line in out["report"] if not line.startswith("    ")],
+    }
+
+
+def tree_bytes(path: Path) -> int:
+    out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=False).stdout.split()
+    return int(out[0]) if out else 0
+
+
+def sh(node: str, cmd: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return nodes.node_exec(node, cmd, check=False, timeout=timeout)
+
+
+def python_prefix(version: str, given: str | None) -> str:
+    """Where this machine's Python of the profile's version lives: --python-prefix, else pyenv's build of it, else
+    the python3.X on PATH (a prefix that the node can use as it is: built for this machine's Debian release)."""
+    if given:
+        return given
+    builds = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+    python = str(builds[-1]) if builds else shutil.which(f"python{version}")
+    if not python:
+        raise SystemExit(f"no Python {version} on this machine for the node: pass --python-prefix")
+    probe = [python, "-c", "import sys; print(sys.base_prefix)"]
+    return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def give_python(node: str, version: str, prefix: str) -> str:
+    """The profile's Python on the node: this machine's own build of it, at the same prefix, as /usr/bin/python3.X."""
+    sh(node, f"mkdir -p {shlex.quote(str(Path(prefix).parent))}")
+    podman("cp", prefix, f"{node}:{prefix}")
+    sh(node, f"ln -sf {shlex.quote(prefix)}/bin/python{version} /usr/bin/python{version}")
+    sh(node, f"mkdir -p {STANDIN_DIR}")
+    podman("cp", f"{STANDIN_SRC}/lab_sglang", f"{node}:{STANDIN_DIR}/lab_sglang")
+    return sh(node, f"/usr/bin/python{version} --version").stdout.strip()
+
+
+def timed_playbook(playbook: str, inventory: str, extra: dict, env: dict, check: bool = False):
+    t0 = time.monotonic()
+    res = run_playbook(playbook, inventory, extra, check=check, envvars=env)
+    return res, round(time.monotonic() - t0, 1)
+
+
+def venv_figures(node: str, venv: str) -> dict:
+    size = sh(node, f"du -sb {venv} | cut -f1; find {venv} -type f | wc -l; find {venv} -name '*.py' | wc -l")
+    total, files, py = (int(x) for x in size.stdout.split())
+    site = f"$(echo {venv}/lib/python3.*/site-packages)"
+    compile_cmd = (
+        f"p=$(mktemp -d); s=$(date +%s.%N); PYTHONPYCACHEPREFIX=$p {venv}/bin/python -m compileall -q -j 0 {site}"
+        ' >/dev/null 2>&1; rc=$?; e=$(date +%s.%N); rm -rf "$p"; python3 -c "print($e - $s, $rc)"'
+    )
+    secs, rc = sh(node, compile_cmd).stdout.split()
+    check = sh(node, f"{UV} pip check --no-config --python {venv}/bin/python")
+    return {
+        "venv_bytes": total,
+        "venv_files": files,
+        "py_files": py,
+        "bytecode_s": round(float(secs), 1),
+        "bytecode_rc": int(rc),
+        "uv_pip_check_rc": check.returncode,
+        "uv_pip_check": (check.stdout + check.stderr).strip().splitlines()[-20:],
+    }
+
+
+def imports(node: str, venv: str, modules: list[str]) -> dict:
+    out = {}
+    for module in modules:
+        probe = (
+            f"s=$(date +%s.%N); {venv}/bin/python -c {shlex.quote('import ' + module)} >/tmp/imp.out 2>&1; rc=$?;"
+            ' e=$(date +%s.%N); python3 -c "print($e - $s, $rc)"; tail -n 1 /tmp/imp.out'
+        )
+        lines = sh(node, probe, timeout=600).stdout.splitlines()
+        secs, rc = lines[0].split()
+        out[module] = {"ok": rc == "0", "s": round(float(secs), 1), **({"error": lines[-1]} if rc != "0" else {})}
+    return out
+
+
+def audits(inventory: str, extra: dict, env: dict) -> list[dict]:
+    rows = []
+    runs = [
+        ("record", "stat", True),
+        ("size", "stat", True),
+        ("none", "stat", True),
+        ("none", "sha256", True),
+        ("record", "stat", False),
+    ]
+    for venv_mode, toolkit_mode, with_lock in runs:
+        vars_ = {**extra, "assess_venv_verify": venv_mode, "assess_toolkit_verify": toolkit_mode}
+        if not with_lock:
+            vars_.pop("gpufleet_wheel_lock")
+        res, wall = timed_playbook("playbooks/audit.yml", inventory, vars_, env, check=True)
+        verdicts = res.audit_reports() if res.rc == 0 else {}
+        rows.append(
+            {
+                "assess_venv_verify": venv_mode,
+                "assess_toolkit_verify": toolkit_mode,
+                "lock": "given" if with_lock else "the host's record",
+                "wall_s": wall,
+                "rc": res.rc,
+                "in_sync": [r.get("in_sync") for r in verdicts.values()],
+                "drift": [d for r in verdicts.values() for d in r.get("drift", [])],
+            }
+        )
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="stacks/cu130-sglang0523.yml")
+    ap.add_argument("--work", default=str(REPO / ".lab" / "realstack-bench"), help="controller dir, caches, profile")
+    ap.add_argument("--keep", action="store_true", help="leave the node up")
+    ap.add_argument("--keep-wheels", action="store_true", help="leave the wheelhouse and the uv cache")
+    ap.add_argument("--python-prefix", help="this machine's Python of the profile's version, copied to the node")
+    ap.add_argument("--reuse-plan", action="store_true", help="install the lock and wheelhouse an earlier run kept")
+    args = ap.parse_args()
+
+    work = Path(args.work).resolve()
+    controller = work / "controller"
+    controller.mkdir(parents=True, exist_ok=True)
+    env = {"UV_CACHE_DIR": str(work / "uv-cache")}
+    real = (REPO / args.profile).resolve()
+    profile = lab_profile(real, work / "profiles")
+    version = yaml.safe_load(real.read_text())["python"]["version"]
+    prefix = python_prefix(version, args.python_prefix)
+    out: dict = {"profile": str(real.relative_to(REPO)), "platform": host_platform()}
+    try:
+        if args.reuse_plan:
+            lock = json.loads(Path(json.loads((work / "plan.json").read_text())["lock_path"]).read_text())
+        else:
+            out["plan"] = {k: v for k, v in plan(profile, controller, env, fetch=False).items() if k != "lock"}
+            print(json.dumps({"plan": out["plan"]}, indent=1), flush=True)
+            fetched = plan(profile, controller, env, fetch=True)
+            lock = fetched.pop("lock")
+            out["plan_and_fetch"] = {k: v for k, v in fetched.items() if k != "report"}
+            print(json.dumps({"plan_and_fetch": out["plan_and_fetch"]}, indent=1), flush=True)
+
+        ports = mirror_ports()
+        mirrors.build()
+        mirrors.start(ports)
+        lab = nodes.up(1, LAB_NAME, ports)
+        node, inventory = lab["nodes"][0], lab["inventory"]
+        out["node_python"] = give_python(node, version, prefix)
+        extra = {
+            "gpufleet_stack_profile": str(profile),
+            "gpufleet_index_urls": {},
+            "gpufleet_controller_dir": str(controller),
+            "gpufleet_wheel_lock": lock,
+        }
+        res, wall = timed_playbook("playbooks/upgrade.yml", inventory, extra, env)
+        out["upgrade"] = {
+            "rc": res.rc,
+            "wall_s": wall,
+            "build_steps_s": build_steps(res),
+            "top_tasks_s": dict(sorted(task_durations(res).items(), key=lambda kv: -kv[1])[:10]),
+        }
+        if res.rc != 0:
+            out["upgrade"]["failed"] = [f"{r.task}: {r.msg}" for r in res.results.get(node, []) if r.failed][-3:]
+            out["upgrade"]["tail"] = res.stdout[-4000:]
+        reports = sorted((controller / "runs").glob(f"*/{node}.json"), key=lambda p: p.stat().st_mtime)
+        if reports:
+            report = json.loads(reports[-1].read_text())
+            out["upgrade"]["outcome"] = report.get("outcome")
+            out["upgrade"]["phases"] = report.get("phases")
+        venv = f"{SERVING}/venvs/{lock['venv_name']}"
+        if sh(node, f"test -x {venv}/bin/python").returncode == 0:
+            out["venv"] = venv_figures(node, venv)
+            out["imports_without_gpu"] = imports(node, venv, IMPORTS)
+            if res.rc == 0:
+                out["audit"] = audits(inventory, extra, env)
+        print(json.dumps(out, indent=1, default=str))
+        return 0 if res.rc == 0 else 1
+    finally:
+        if not args.keep:
+            nodes.down(LAB_NAME)
+        if not args.keep_wheels:
+            shutil.rmtree(controller / "wheelhouse", ignore_errors=True)
+            shutil.rmtree(work / "uv-cache", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
