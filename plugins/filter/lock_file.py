@@ -38,9 +38,10 @@ def lock_entry(taken, platform, python, host="host"):
 
 
 @_filter
-def recorded_lock(located, host, profile):
-    """``located``: venv_host.py locate's answer (with the state path); the lock the host's last upgrade applied."""
-    return lf.recorded_lock((located or {}).get("recorded"), host, profile)
+def recorded_lock(located, profile):
+    """``located``: venv_host.py locate's answer (with the state path); the lock the host's last upgrade applied, or
+    a lock without packages whose ``no_lock`` says why there is none."""
+    return lf.recorded_lock((located or {}).get("recorded"), profile)
 
 
 class FilterModule:

@@ -39,6 +39,8 @@ options:
     description:
       - The serving venv, C({link, expected_path, venv_name, packages, verify}); C(packages) are the lock's
         C({name, version}); C(verify) is C(record) (sha256 of every file, default), C(size) or C(none).
+      - C(no_lock) (a reason) instead says there is no lock to judge the venv against (an audit without a lock file
+        of a host that records none); the venv link item then names what current points at and that reason.
     type: dict
   files:
     description: Managed files, each C({label, path, content, kind}); C(kind=env) compares variable by variable.
@@ -250,6 +252,10 @@ def toolkit_items(spec):
 def venv_items(spec):
     link = spec["link"]
     target = os.path.realpath(link) if os.path.islink(link) else None
+    if spec.get("no_lock"):
+        # No lock to judge by: the host is not known to run any, which is drift whatever its venv holds.
+        seen = f"current is {os.path.basename(target)}" if target else f"{link} is missing"
+        return [hm.item(hm.VENV_LINK, None, target, [f"{hm.VENV_LINK}: {seen}; {spec['no_lock']}"])]
     items = [hm.venv_link_item(link, target, spec["expected_path"], spec.get("venv_name") or "")]
     observed = hm.read_venv(target or spec["expected_path"], spec.get("verify") or "record")
     items.append(hm.venv_item(observed, spec.get("packages") or []))

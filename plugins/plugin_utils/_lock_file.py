@@ -345,44 +345,42 @@ def diff_lines(change: dict) -> list:
 # ---------------------------------------------------------------------------------------------------- host record
 
 
-def recorded_lock(record: dict | None, host: str, profile: str) -> dict:
+def recorded_lock(record: dict | None, profile: str) -> dict:
     """The lock a host's last upgrade applied, as the host keeps it (``venv_host.py locate``: the state file's
     ``lock`` record and the text of ``<serving_root>/locks/<venv_name>.txt``), shaped as the roles take a lock
-    (``venv_name``, ``hash``, ``packages`` with name, version and sha256). Raises LockFileError with the fix."""
+    (``venv_name``, ``hash``, ``packages`` with name and version). A host with no usable record gets a lock with
+    no packages and ``no_lock``, the reason in words with the fix: the host model reports it as drift (the host is
+    not known to run any lock of this profile), never a plan made now."""
     record = record or {}
-    lock = record.get("lock")
+    lock = record.get("lock") or {}
+    fix = "audit it against a reviewed lock file with -e gpufleet_lock_file=<file>"
     if not lock:
-        raise LockFileError(
-            f"{host}: no lock is recorded on the host (its state file {record.get('state_path') or ''} names none:"
-            " no upgrade by this collection completed there); the audit judges a host only against a lock, never"
-            " against a plan made now. Fix: audit it against a reviewed lock file with -e gpufleet_lock_file=<file>"
+        return _no_lock(
+            profile,
+            f"the host records no lock of its last upgrade (its state file {record.get('state_path') or ''} names"
+            f" none: no upgrade by this collection completed there since it records them); fix: upgrade it, or {fix}",
         )
     if lock.get("profile") != profile:
-        raise LockFileError(
-            f"{host}: its last upgrade applied lock {lock.get('venv_name')} of profile {lock.get('profile')}, not of"
-            f" {profile}; fix: audit it with -e gpufleet_stack_profile={lock.get('profile')}, or against a reviewed"
-            " lock file of this profile with -e gpufleet_lock_file=<file>"
+        return _no_lock(
+            profile,
+            f"its last upgrade applied lock {lock.get('venv_name')} of profile {lock.get('profile')}, not of"
+            f" {profile}; fix: audit it with -e gpufleet_stack_profile={lock.get('profile')}, or {fix}",
         )
     text = record.get("lock_text")
-    if not text:
-        raise LockFileError(
-            f"{host}: its last upgrade applied lock {lock.get('venv_name')} but the host's copy of it,"
-            f" {record.get('lock_text_path')}, is missing; fix: audit it against the reviewed lock file with"
-            " -e gpufleet_lock_file=<file>"
+    header = re.search(r"^# (\S+): lock ([0-9a-f]{64})$", text or "", re.MULTILINE)
+    if not text or not header or header.group(1) != lock.get("venv_name") or header.group(2) != lock.get("hash"):
+        seen = "is missing" if not text else f"is not the lock {lock.get('hash')} the state file records"
+        return _no_lock(
+            profile,
+            f"its last upgrade applied lock {lock.get('venv_name')}, but the host's copy of it,"
+            f" {record.get('lock_text_path')}, {seen}; fix: {fix}",
         )
     try:
         packages = [
             {"name": p["name"], "version": p["version"]} for p in _lock.parse(text, record.get("lock_text_path"))
         ]
     except _lock.LockError as exc:
-        raise LockFileError(f"{host}: {exc}") from exc
-    header = re.search(r"^# (\S+): lock ([0-9a-f]{64})$", text, re.MULTILINE)
-    if not header or header.group(1) != lock.get("venv_name") or header.group(2) != lock.get("hash"):
-        raise LockFileError(
-            f"{host}: {record.get('lock_text_path')} is not the lock {lock.get('venv_name')} ({lock.get('hash')})"
-            " that the state file records; fix: audit it against the reviewed lock file with"
-            " -e gpufleet_lock_file=<file>"
-        )
+        return _no_lock(profile, f"the host's copy of its lock does not parse ({exc}); fix: {fix}")
     return {
         "profile": lock["profile"],
         "hash": lock["hash"],
@@ -392,4 +390,18 @@ def recorded_lock(record: dict | None, host: str, profile: str) -> dict:
         "tools": [],
         "source": "host",
         "path": record.get("lock_text_path"),
+    }
+
+
+def _no_lock(profile: str, reason: str) -> dict:
+    return {
+        "profile": profile,
+        "hash": "",
+        "hash12": "",
+        "venv_name": "",
+        "packages": [],
+        "tools": [],
+        "source": "host",
+        "path": None,
+        "no_lock": reason,
     }
