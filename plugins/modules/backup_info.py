@@ -118,6 +118,11 @@ recorded_state_problems:
   returned: when found
   type: list
   elements: str
+problems:
+  description: What does not verify (a missing or changed file, a lock or archive that does not read), on failure.
+  returned: when the backup does not verify
+  type: list
+  elements: str
 lock_checked:
   description: Whether the venv lock was parsed (needs C(packaging) where the module runs).
   returned: when found
@@ -217,6 +222,7 @@ def run(module):
             module.fail_json(
                 msg=f"{host}: backup {wanted} does not verify: {'; '.join(problems)}; nothing was changed",
                 backups=ids,
+                problems=problems,
             )
     recorded = bk.recorded_state_problems(manifest)
     if recorded and p["backup_id"]:
