@@ -145,7 +145,9 @@ def _entry_key(entry: dict) -> tuple:
 
 def dumps(doc: dict) -> str:
     """Stable YAML: sorted keys, block style, no line wrapping (URLs and hashes stay on one line)."""
-    return HEADER + yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, width=100000, allow_unicode=True)
+    # Plain data first: values templated by Ansible are str subclasses (data tagging) that safe_dump refuses.
+    plain = json.loads(json.dumps(doc))
+    return HEADER + yaml.safe_dump(plain, sort_keys=True, default_flow_style=False, width=100000, allow_unicode=True)
 
 
 def loads(text: str, path: str = "lock file") -> dict:

@@ -266,3 +266,13 @@ def test_a_host_without_a_usable_record_has_no_lock_and_says_why(change, message
     taken = lf.recorded_lock(dict(RECORD, **change), "lab")
     assert taken["packages"] == [] and taken["venv_name"] == ""
     assert re.search(message, taken["no_lock"]), taken["no_lock"]
+
+
+def test_dumps_takes_values_ansible_templated():
+    """A platform read from host facts is a tagged str (data tagging): the lock file is still written."""
+    from ansible._internal._datatag._tags import Origin
+    from ansible.module_utils._internal._datatag import AnsibleTagHelper
+
+    tagged = AnsibleTagHelper.tag("x86_64-manylinux_2_36", [Origin(path="/inventory")])
+    assert type(tagged) is not str
+    assert "platform: x86_64-manylinux_2_36\n" in lf.dumps({"platform": tagged})
