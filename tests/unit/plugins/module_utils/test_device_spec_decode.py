@@ -196,3 +196,23 @@ def test_the_smoke_test_fit_beside_the_server_with_its_peak_recorded():
         # every check found room beside the server (and the foreign process): none ran out of memory
         assert all(m["free_before_mib"] > m["peak_reserved_mib"] for m in per_check.values())
         assert run["gates"]["smoke"] == "passed"
+
+
+# ---------------------------------------------------------------------------------------- a second machine, same code
+
+
+def test_a_second_machine_gives_no_false_alarm_either_and_the_same_postcheck_verdicts():
+    """run2: another H100 (its own GPU), A/A on one server only (the time budget ended it before the slowed draft)."""
+    gate = load("run2-spec-decode-gate.json")
+    pairs = gate["phases"]["aa"]["pairs"]
+    gates = [_bench.regression_gate(p["after"], p["before"], LIMIT) for p in pairs]
+    assert len(pairs) == gate["figures"]["aa_pairs"] >= 15
+    assert sum(not g["passed"] for g in gates) == gate["figures"]["aa_false_alarms"]
+    summary = load("run2-beside-server-summary.json")
+    assert {r["run"]: r["passed"] for r in summary["runs"]} == {
+        "beside-server": True,
+        "beside-server-warm": True,
+        "foreign": False,
+    }
+    assert summary["audit"]["foreign"]["foreign_processes"][0]["pid"] == summary["foreign_pid"]
+    assert summary["audit"]["beside-server"]["gpus_item"]["ok"] is True
