@@ -620,7 +620,6 @@ def test_server_info_fields_the_bench_keeps_come_from_sglang(replay):
         "speculative_eagle_topk": 4,
         "speculative_num_draft_tokens": 16,
         "avg_spec_accept_length": 3.0,
-        "lab": None,
     }
     assert "avg_spec_accept_length" not in sglang_server_info(spec_accepted=0, spec_forward_ct=0)["internal_states"][0]
 
