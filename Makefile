@@ -78,9 +78,11 @@ integration-long: mirrors
 matrix: mirrors
 	bash scripts/matrix.sh
 
-## Refresh the committed fault-injection table (make test writes it to reports/, leaving the clone clean).
+## Refresh the committed fault-injection tables (make test writes them to reports/, leaving the clone clean): the
+## fault table, then the recovery matrix as its second table, every case (PYTEST_ARGS='-m "not long"': the slice).
 fault-injection-doc: mirrors
-	GPUFLEET_UPDATE_DOCS=1 $(PY) -m pytest tests/integration/test_fault_injection.py -q $(PYTEST_ARGS)
+	GPUFLEET_UPDATE_DOCS=1 $(PY) -m pytest tests/integration/test_fault_injection.py \
+	  tests/integration/test_recovery_matrix.py -q $(PYTEST_ARGS)
 
 build: setup
 	ansible-galaxy collection build --force --output-path build/
