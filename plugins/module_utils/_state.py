@@ -247,6 +247,10 @@ def same_state(a, b) -> bool:
     return strip(a) == strip(b)
 
 
+def interrupted_at(state):
+    return f"run {state.get('run_id')} was interrupted at phase {state.get('phase')} ({state.get('status', 'started')})"
+
+
 def decide_recovery(state, run_id):
     """What this run must do first, given the state file left by the last run (see module docstring)."""
     if not state or state.get("run_id") == run_id:
@@ -264,7 +268,7 @@ def decide_recovery(state, run_id):
         }
     if result != "in_progress":
         return {"action": "none", "reason": f"last run {previous} ended: {result}"}
-    where = f"run {previous} was interrupted at phase {state.get('phase')} ({state.get('status', 'started')})"
+    where = interrupted_at(state)
     if not state.get("backup_id"):
         return {"action": "restart", "reason": f"{where} before its backup completed: nothing had changed"}
     return {"action": "rollback", "backup_id": state["backup_id"], "reason": f"{where}: rolling back first"}
@@ -308,5 +312,5 @@ def rollback_target(state, run_id, requested=""):
         return {"backup_id": requested, "why": "named by the operator"}
     recovery = decide_recovery(state, run_id)
     if recovery["action"] == "rollback":
-        return {"backup_id": recovery["backup_id"], "why": recovery["reason"]}
+        return {"backup_id": recovery["backup_id"], "why": interrupted_at(state)}
     return {"backup_id": None, "why": "the newest backup that differs from the host as it is"}
