@@ -1,0 +1,251 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet's desired state is a reviewed lock file, on one lab node and private copies of the lab indexes.
+
+After an upgrade, the index publishes a newer kernel build that satisfies the profile (as an index does every day).
+Nothing changes because of it: the audit still finds the host in sync (it judges against the lock the upgrade
+recorded on the host), a re-run with the upgrade's lock file changes nothing and asks no index anything (the private
+indexes' access logs stay empty). plan.yml then shows exactly that build in its diff (--check writes nothing), and
+applying the new lock file upgrades the host to it. A lock file made for another profile, or whose wheels are gone
+from the wheelhouse, is refused before the host changes.
+
+The indexes are private copies (lab.mirrors.PrivateServer) so that publishing a build changes nothing for other
+tests that use the shared mirrors, and so that their access logs count only this test's requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lab import wheels as lab_wheels
+from lab.common import MIRRORS
+from lab.mirrors import PrivateServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NEW_KERNEL = "0.3.22+cu130"
+STATE = "/var/lib/gpufleet/state.json"
+
+
+@pytest.fixture(scope="module")
+def fleet(lab_fleet):
+    return lab_fleet(1, name=f"lockfile-{os.getpid() % 100000}")
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory, lab_mirrors):
+    """Copies of lab-main (PEP 691 on) and lab-stale, file dates kept, each served with its own access log."""
+    base = tmp_path_factory.mktemp("indexes")
+    servers = {}
+    try:
+        for name, extra in (("lab-main", ["--pep691"]), ("lab-stale", [])):
+            root = base / name
+            shutil.copytree(MIRRORS / name, root, copy_function=shutil.copy2)
+            args = ["--kind", "pypi", "--root", str(root), *extra]
+            servers[name] = PrivateServer(f"lockfile-{name}", args, "/simple", base / f"{name}.jsonl")
+            servers[name].root = root
+            servers[name].log = base / f"{name}.jsonl"
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def requests(indexes, since: float) -> list[str]:
+    """Every request either index answered since ``since`` (time.time())."""
+    out = []
+    for name, server in indexes.items():
+        if server.log.exists():
+            for line in server.log.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["ts"] >= since:
+                    out.append(f"{name} {entry['method']} {entry['path']}")
+    return out
+
+
+def publish_kernel(indexes, work: Path) -> Path:
+    """A newer lab-sgl-kernel build satisfying the profile (>=0.3.21, +cu130, for the locked lab-torch 2.11.0),
+    built as the lab builds its wheels and dated yesterday."""
+    spec = lab_wheels.load_catalog()["projects"]["lab-sgl-kernel"]
+    build = {"version": NEW_KERNEL, "requires": ["lab-torch==2.11.0"], "info": {"cuda": "13.0", "torch": "2.11.0"}}
+    wheel = lab_wheels._build_one("lab-sgl-kernel", spec, build, indexes["lab-main"].root, work)
+    stamp = time.time() - 86400
+    os.utime(wheel, (stamp, stamp))
+    return wheel
+
+
+def run(run_playbook, fleet, indexes, playbook, lock=None, check=False, **extra):
+    extravars = {
+        "gpufleet_index_urls": {name: server.url for name, server in indexes.items()},
+        "gpufleet_batch_size": 1,
+        **extra,
+    }
+    if lock:
+        extravars["gpufleet_lock_file"] = str(lock)
+    return run_playbook(playbook, fleet.inventory, extravars=extravars, check=check, diff=check)
+
+
+def refusal(result) -> str:
+    return result.task("Read the lock file, refusing one of another profile or whose wheels are not at hand").res["msg"]
+
+
+def report(result, node):
+    return result.task("Publish the host's report", node).res["ansible_facts"]["gpufleet_upgrade_report"]
+
+
+def current(node_exec, node) -> str:
+    return node_exec(node, "readlink -f /opt/gpufleet/serving/current", check=True).stdout.strip()
+
+
+def kernel(node_exec, node) -> str:
+    return node_exec(
+        node, "/opt/gpufleet/serving/current/bin/python -c 'import lab_sgl_kernel as k; print(k.__version__)'"
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def scenario(fleet, indexes, tmp_path_factory):
+    """The whole story once; each test below asserts one part of it. Timings are kept for the note."""
+    from lab.harness import run_playbook
+    from lab.nodes import node_exec
+
+    node = fleet.nodes[0]
+    work = tmp_path_factory.mktemp("lockfile")
+    out = {"node": node, "seconds": {}}
+
+    def timed(key, *args, **kwargs):
+        start = time.monotonic()
+        result = run(run_playbook, fleet, indexes, *args, **kwargs)
+        out["seconds"][key] = round(time.monotonic() - start, 1)
+        return result
+
+    out["upgrade"] = timed("upgrade", "playbooks/upgrade.yml")
+    assert out["upgrade"].rc == 0, out["upgrade"]
+    out["venv_before"] = current(node_exec, node)
+    out["audit_before"] = timed("audit_before", "playbooks/audit.yml", check=True)
+
+    out["published"] = publish_kernel(indexes, work)
+    since = time.time()
+    out["audit_after"] = timed("audit_after", "playbooks/audit.yml", check=True)
+    out["audit_after_requests"] = requests(indexes, since)
+
+    made = out["upgrade"].task("Show the plan").res["msg"][0]
+    out["made_lock"] = Path(made.split("written to ", 1)[1].split(";", 1)[0])
+    since = time.time()
+    out["rerun"] = timed("rerun_with_lock", "playbooks/upgrade.yml", lock=out["made_lock"])
+    out["rerun_requests"] = requests(indexes, since)
+    out["venv_after_rerun"] = current(node_exec, node)
+
+    # The operator's copy of the lock, committed beside the inventory; plan.yml rewrites it in place.
+    fleet_lock = work / "fleet.lock.yml"
+    shutil.copy(out["made_lock"], fleet_lock)
+    out["fleet_lock_before"] = fleet_lock.read_text()
+    out["plan_check"] = timed("plan_check", "playbooks/plan.yml", lock=fleet_lock, check=True)
+    out["fleet_lock_after_check"] = fleet_lock.read_text()
+    out["plan"] = timed("plan", "playbooks/plan.yml", lock=fleet_lock)
+    out["fleet_lock"] = fleet_lock
+
+    since = time.time()
+    out["apply"] = timed("apply_new_lock", "playbooks/upgrade.yml", lock=fleet_lock)
+    out["apply_requests"] = requests(indexes, since)
+    out["venv_after_apply"] = current(node_exec, node)
+    out["kernel_after_apply"] = kernel(node_exec, node)
+    out["audit_new"] = timed("audit_after_apply", "playbooks/audit.yml", check=True)
+    out["audit_old_lock"] = timed("audit_old_lock", "playbooks/audit.yml", lock=out["made_lock"], check=True)
+    print("\nlock-file scenario seconds:", json.dumps(out["seconds"]))
+    return out
+
+
+def test_the_upgrade_without_a_lock_says_the_lock_was_made_now_and_where(scenario):
+    msg = scenario["upgrade"].task("Show the plan").res["msg"]
+    assert msg[0].startswith("lock made now by this run (no gpufleet_lock_file given), written to "), msg[0]
+    assert scenario["made_lock"].exists() and scenario["made_lock"].name.endswith(".lock.yml")
+    doc = yaml.safe_load(scenario["made_lock"].read_text())
+    assert doc["profile"]["name"] == "lab" and len(doc["entries"]) == 1
+    assert report(scenario["upgrade"], scenario["node"])["outcome"] == "upgraded"
+
+
+def test_a_newer_build_on_the_index_leaves_the_audit_in_sync_and_asks_no_index(scenario):
+    for key in ("audit_before", "audit_after"):
+        result = scenario[key]
+        assert result.rc == 0, result
+        verdict = result.audit_reports()[scenario["node"]]
+        assert verdict["in_sync"], (key, verdict["drift"])
+    assert scenario["audit_after_requests"] == []
+
+
+def test_a_rerun_with_the_lock_changes_nothing_and_asks_no_index(scenario):
+    rerun = scenario["rerun"]
+    assert rerun.rc == 0, rerun
+    assert [f"{r.host}: {r.task}" for r in rerun.changed_tasks()] == []
+    assert report(rerun, scenario["node"])["outcome"] == "already at lab (in sync)"
+    assert scenario["venv_after_rerun"] == scenario["venv_before"]
+    assert scenario["rerun_requests"] == []
+
+
+def test_plan_shows_exactly_the_new_build_and_check_mode_writes_nothing(scenario):
+    check = scenario["plan_check"]
+    assert check.rc == 0, check
+    assert scenario["fleet_lock_after_check"] == scenario["fleet_lock_before"]
+    plan = scenario["plan"]
+    assert plan.rc == 0, plan
+    for result in (check, plan):
+        lines = result.task("Show what the lock file changes against the previous one").res["msg"]
+        changes = [line for line in lines if line.startswith("  ")]
+        assert len(changes) == 1, lines
+        assert changes[0].startswith("  ~ lab-sgl-kernel 0.3.21+cu130 (sha256 ") and f"-> {NEW_KERNEL} " in changes[0]
+    doc = yaml.safe_load(scenario["fleet_lock"].read_text())
+    (entry,) = doc["entries"]
+    locked = {p["name"]: p for p in entry["packages"]}
+    assert locked["lab-sgl-kernel"]["filename"] == scenario["published"].name
+    assert Path(str(scenario["fleet_lock"])[: -len(".yml")] + ".report.txt").exists()
+
+
+def test_applying_the_new_lock_upgrades_to_exactly_that_build_without_asking_an_index(scenario):
+    apply = scenario["apply"]
+    assert apply.rc == 0, apply
+    assert report(apply, scenario["node"])["outcome"].startswith("upgraded"), report(apply, scenario["node"])
+    entry = yaml.safe_load(scenario["fleet_lock"].read_text())["entries"][0]
+    assert os.path.basename(scenario["venv_after_apply"]) == entry["venv_name"]
+    assert scenario["kernel_after_apply"] == NEW_KERNEL
+    assert scenario["apply_requests"] == []
+    # The audit without a lock now judges against the new lock the host recorded; against the old lock file the
+    # host has drifted (it runs the new venv).
+    assert scenario["audit_new"].audit_reports()[scenario["node"]]["in_sync"]
+    old = scenario["audit_old_lock"].audit_reports()[scenario["node"]]
+    assert not old["in_sync"] and any(line.startswith("serving venv link: current is ") for line in old["drift"])
+
+
+def test_a_lock_of_another_profile_or_with_a_missing_wheel_is_refused_before_the_host_changes(
+    scenario, fleet, indexes, run_playbook, node_exec, tmp_path
+):
+    node = scenario["node"]
+    state = node_exec(node, f"stat -c %Y {STATE}", check=True).stdout.strip()
+    doc = yaml.safe_load(scenario["fleet_lock"].read_text())
+    other = tmp_path / "other-profile.lock.yml"
+    other.write_text(yaml.safe_dump(dict(doc, profile={"name": "lab", "hash": "0" * 64})))
+    refused = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml", lock=other)
+    assert refused.rc != 0
+    assert "the profile changed since the plan" in refusal(refused), refused
+
+    wheelhouse = Path(doc["entries"][0]["packages"][0]["filename"])
+    inventory = yaml.safe_load(Path(fleet.inventory).read_text())
+    controller = Path(inventory["all"]["children"]["gpufleet_lab"]["vars"]["gpufleet_controller_dir"])
+    kept = controller / "wheelhouse" / wheelhouse
+    moved = tmp_path / wheelhouse.name
+    shutil.move(kept, moved)
+    try:
+        refused = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml", lock=scenario["fleet_lock"])
+    finally:
+        shutil.move(moved, kept)
+    assert refused.rc != 0
+    assert "no longer holds every wheel" in refusal(refused) and wheelhouse.name in refusal(refused), refused
+    assert node_exec(node, f"stat -c %Y {STATE}", check=True).stdout.strip() == state
+    assert current(node_exec, node) == scenario["venv_after_apply"]
