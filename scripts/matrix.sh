@@ -7,6 +7,7 @@
 #   MATRIX_VERSIONS="2.21" bash scripts/matrix.sh       one version
 #   MATRIX_STEPS="sanity unit" bash scripts/matrix.sh   some steps
 #   MATRIX_INJECT_FACTS_AS_VARS=False ...               the end to end with ansible-core's coming default
+#   MATRIX_LAB=name ...                                 the lab's name prefix (runs side by side need their own)
 #
 # Venvs live in .venv/matrix/<version> (rebuilt when their pins change); logs and times in build/matrix/.
 set -euo pipefail
@@ -84,14 +85,15 @@ unit() {
 # One host, fresh in the old state: upgrade, audit in sync, rollback, audit naming the drift. Each command is
 # checked here: set -e does not hold inside a function called from `||`.
 e2e() {
-  local venv=$1 v=$2 lab=matrix-${2//./-} inv summary rc=0
+  local venv=$1 v=$2 lab=${MATRIX_LAB:-matrix}-${2//./-} inv summary rc=0
   "$tooling_py" -m lab mirrors build >/dev/null && "$tooling_py" -m lab mirrors start >/dev/null || return 1
   "$tooling_py" -m lab down --name "$lab" >/dev/null || return 1
   "$tooling_py" -m lab up 1 --name "$lab" || return 1
   inv=$repo/.lab/$lab/inventory.yml
   summary=$out/$v-summary.json
   play() {
-    ANSIBLE_INJECT_FACTS_AS_VARS=${MATRIX_INJECT_FACTS_AS_VARS:-True} GPUFLEET_SUMMARY_FILE=$summary \
+    # INJECT_FACTS_AS_VARS is set by ANSIBLE_INJECT_FACT_VARS (the setting's environment variable).
+    ANSIBLE_INJECT_FACT_VARS=${MATRIX_INJECT_FACTS_AS_VARS:-True} GPUFLEET_SUMMARY_FILE=$summary \
       "$venv/bin/ansible-playbook" -i "$inv" "$@"
   }
   outcome() {
@@ -105,8 +107,10 @@ print(f"matrix: {kinds}")' "$summary" "$1"
   play playbooks/upgrade.yml && outcome upgraded || return 1
   play playbooks/audit.yml --check --diff || return 1
   play playbooks/rollback.yml && outcome restored || return 1
-  play playbooks/audit.yml --check --diff >"$out/$v-audit-after-rollback.log" 2>&1 || rc=$?
-  if [[ $rc == 0 ]] || ! grep -q "toolkit at /usr/local/cuda-13.0 is absent" "$out/$v-audit-after-rollback.log"; then
+  # The rollback keeps the new toolkit beside the old one; the venv link is back on the old stack's venv.
+  play playbooks/audit.yml --check --diff -e gpufleet_audit_fail_on_drift=true >"$out/$v-audit-after-rollback.log" 2>&1 ||
+    rc=$?
+  if [[ $rc == 0 ]] || ! grep -q "drift: serving venv link: current is" "$out/$v-audit-after-rollback.log"; then
     echo "matrix: the audit after the rollback did not name the drift (rc $rc): build/matrix/$v-audit-after-rollback.log"
     return 1
   fi
