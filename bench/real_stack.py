@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
-from bench.venv_rebuild import build_steps, task_durations  # noqa: E402
+from bench.venv_rebuild import SERVING, UV, build_steps, task_durations  # noqa: E402
 from lab import mirrors, nodes  # noqa: E402
 from lab.common import mirror_ports, podman  # noqa: E402
 from lab.harness import run_playbook  # noqa: E402
@@ -50,8 +50,6 @@ from lab.harness import run_playbook  # noqa: E402
 LAB_NAME = "realstack"
 PLAN_PLAYBOOK = "bench/real_stack_plan.yml"
 PLAN_TASK = "Plan the serving wheels (probe, resolve, lock; fill the wheelhouse when bench_fetch)"
-SERVING = "/opt/gpufleet/serving"
-UV = "/opt/gpufleet/tools/bin/uv"
 STANDIN_SRC = REPO / "lab" / "wheels" / "lab-sglang" / "src"
 STANDIN_DIR = "/opt/gpufleet-bench/lab-sglang"
 # The profile's packages and what SGLang's server imports at start that carries compiled code.
@@ -170,7 +168,7 @@ def timed_playbook(playbook: str, inventory: str, extra: dict, env: dict, check:
     return res, round(time.monotonic() - t0, 1)
 
 
-def venv_figures(node: str, venv: str) -> dict:
+def venv_figures(node: str, venv: str, bytecode: bool) -> dict:
     size = sh(node, f"du -sb {venv} | cut -f1; find {venv} -type f | wc -l; find {venv} -name '*.py' | wc -l")
     total, files, py = (int(x) for x in size.stdout.split())
     site = f"$(echo {venv}/lib/python3.*/site-packages)"
@@ -178,14 +176,14 @@ def venv_figures(node: str, venv: str) -> dict:
         f"p=$(mktemp -d); s=$(date +%s.%N); PYTHONPYCACHEPREFIX=$p {venv}/bin/python -m compileall -q -j 0 {site}"
         ' >/dev/null 2>&1; rc=$?; e=$(date +%s.%N); rm -rf "$p"; python3 -c "print($e - $s, $rc)"'
     )
-    secs, rc = sh(node, compile_cmd).stdout.split()
+    secs, rc = sh(node, compile_cmd).stdout.split() if bytecode else ("nan", "-1")
     check = sh(node, f"{UV} pip check --no-config --python {venv}/bin/python")
     return {
         "venv_bytes": total,
         "venv_files": files,
         "py_files": py,
-        "bytecode_s": round(float(secs), 1),
-        "bytecode_rc": int(rc),
+        "bytecode_s": round(float(secs), 1) if bytecode else None,
+        "bytecode_rc": int(rc) if bytecode else None,
         "uv_pip_check_rc": check.returncode,
         "uv_pip_check": (check.stdout + check.stderr).strip().splitlines()[-20:],
     }
@@ -241,6 +239,8 @@ def main() -> int:
     ap.add_argument("--keep-wheels", action="store_true", help="leave the wheelhouse and the uv cache")
     ap.add_argument("--python-prefix", help="this machine's Python of the profile's version, copied to the node")
     ap.add_argument("--reuse-plan", action="store_true", help="install the lock and wheelhouse an earlier run kept")
+    ap.add_argument("--measure-only", action="store_true", help="measure the node an earlier --keep run upgraded")
+    ap.add_argument("--no-bytecode", action="store_true", help="leave out the compileall timing")
     args = ap.parse_args()
 
     work = Path(args.work).resolve()
@@ -250,10 +250,9 @@ def main() -> int:
     real = (REPO / args.profile).resolve()
     profile = lab_profile(real, work / "profiles")
     version = yaml.safe_load(real.read_text())["python"]["version"]
-    prefix = python_prefix(version, args.python_prefix)
     out: dict = {"profile": str(real.relative_to(REPO)), "platform": host_platform()}
     try:
-        if args.reuse_plan:
+        if args.reuse_plan or args.measure_only:
             lock = json.loads(Path(json.loads((work / "plan.json").read_text())["lock_path"]).read_text())
         else:
             out["plan"] = {k: v for k, v in plan(profile, controller, env, fetch=False).items() if k != "lock"}
@@ -268,42 +267,55 @@ def main() -> int:
         mirrors.start(ports)
         lab = nodes.up(1, LAB_NAME, ports)
         node, inventory = lab["nodes"][0], lab["inventory"]
-        out["node_python"] = give_python(node, version, prefix)
         extra = {
             "gpufleet_stack_profile": str(profile),
             "gpufleet_index_urls": {},
             "gpufleet_controller_dir": str(controller),
             "gpufleet_wheel_lock": lock,
         }
-        res, wall = timed_playbook("playbooks/upgrade.yml", inventory, extra, env)
-        out["upgrade"] = {
-            "rc": res.rc,
-            "wall_s": wall,
-            "build_steps_s": build_steps(res),
-            "top_tasks_s": dict(sorted(task_durations(res).items(), key=lambda kv: -kv[1])[:10]),
-        }
-        if res.rc != 0:
-            out["upgrade"]["failed"] = [f"{r.task}: {r.msg}" for r in res.results.get(node, []) if r.failed][-3:]
-            out["upgrade"]["tail"] = res.stdout[-4000:]
-        reports = sorted((controller / "runs").glob(f"*/{node}.json"), key=lambda p: p.stat().st_mtime)
-        if reports:
-            report = json.loads(reports[-1].read_text())
-            out["upgrade"]["outcome"] = report.get("outcome")
-            out["upgrade"]["phases"] = report.get("phases")
+        upgraded = args.measure_only
+        if not args.measure_only:
+            out["node_python"] = give_python(node, version, python_prefix(version, args.python_prefix))
+            out["upgrade"] = upgrade(node, inventory, extra, env, controller)
+            upgraded = out["upgrade"]["rc"] == 0
+        out["load_avg_5m"] = round(os.getloadavg()[1], 1)
         venv = f"{SERVING}/venvs/{lock['venv_name']}"
         if sh(node, f"test -x {venv}/bin/python").returncode == 0:
-            out["venv"] = venv_figures(node, venv)
+            out["venv"] = venv_figures(node, venv, bytecode=not args.no_bytecode)
             out["imports_without_gpu"] = imports(node, venv, IMPORTS)
-            if res.rc == 0:
+            if upgraded:
                 out["audit"] = audits(inventory, extra, env)
         print(json.dumps(out, indent=1, default=str))
-        return 0 if res.rc == 0 else 1
+        return 0 if upgraded else 1
     finally:
         if not args.keep:
             nodes.down(LAB_NAME)
         if not args.keep_wheels:
             shutil.rmtree(controller / "wheelhouse", ignore_errors=True)
             shutil.rmtree(work / "uv-cache", ignore_errors=True)
+
+
+def upgrade(node: str, inventory: str, extra: dict, env: dict, controller: Path) -> dict:
+    load_before = os.getloadavg()[1]
+    res, wall = timed_playbook("playbooks/upgrade.yml", inventory, extra, env)
+    out = {
+        "rc": res.rc,
+        "wall_s": wall,
+        # The machine is shared: its 5-minute load average before and after the upgrade, beside its core count.
+        "load_avg_5m": [round(load_before, 1), round(os.getloadavg()[1], 1)],
+        "cores": os.cpu_count(),
+        "build_steps_s": build_steps(res),
+        "top_tasks_s": dict(sorted(task_durations(res).items(), key=lambda kv: -kv[1])[:10]),
+    }
+    if res.rc != 0:
+        out["failed"] = [f"{r.task}: {r.msg}" for r in res.results.get(node, []) if r.failed][-3:]
+        out["tail"] = res.stdout[-4000:]
+    reports = sorted((controller / "runs").glob(f"*/{node}.json"), key=lambda p: p.stat().st_mtime)
+    if reports:
+        report = json.loads(reports[-1].read_text())
+        out["outcome"] = report.get("outcome")
+        out["phases"] = report.get("phases")
+    return out
 
 
 if __name__ == "__main__":
