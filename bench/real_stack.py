@@ -19,8 +19,8 @@
    (compileall of site-packages into an empty cache, one worker per core: what --compile-bytecode adds), uv pip
    check, which imports work without a GPU (each in its own process), and the audit (playbooks/audit.yml --check)
    in each verify mode of role assess (assess_venv_verify record, size, none; assess_toolkit_verify sha256 once),
-   given the lock, and once as an operator runs it without a lock file (the audit takes the lock the host's last
-   upgrade recorded).
+   given the lock. When the upgrade rolled back, --point-current points current at the built venv for the audit
+   timings only (its verdict is then drift) and back afterwards.
 Prints one JSON document. Removes the node, the wheelhouse and the caches at the end unless --keep/--keep-wheels.
 """
 
@@ -203,31 +203,25 @@ def imports(node: str, venv: str, modules: list[str]) -> dict:
 
 
 def audits(inventory: str, extra: dict, env: dict) -> list[dict]:
+    """audit.yml --check given the lock, in each venv verify mode (toolkit by stat), and once hashing the toolkit."""
     rows = []
-    runs = [
-        ("record", "stat", True),
-        ("size", "stat", True),
-        ("none", "stat", True),
-        ("none", "sha256", True),
-        ("record", "stat", False),
-    ]
-    for venv_mode, toolkit_mode, with_lock in runs:
+    for venv_mode, toolkit_mode in (("record", "stat"), ("size", "stat"), ("none", "stat"), ("none", "sha256")):
         vars_ = {**extra, "assess_venv_verify": venv_mode, "assess_toolkit_verify": toolkit_mode}
-        if not with_lock:
-            vars_.pop("gpufleet_wheel_lock")
         res, wall = timed_playbook("playbooks/audit.yml", inventory, vars_, env, check=True)
         verdicts = res.audit_reports() if res.rc == 0 else {}
-        rows.append(
-            {
-                "assess_venv_verify": venv_mode,
-                "assess_toolkit_verify": toolkit_mode,
-                "lock": "given" if with_lock else "the host's record",
-                "wall_s": wall,
-                "rc": res.rc,
-                "in_sync": [r.get("in_sync") for r in verdicts.values()],
-                "drift": [d for r in verdicts.values() for d in r.get("drift", [])],
-            }
-        )
+        drift = [d for r in verdicts.values() for d in r.get("drift", [])]
+        row = {
+            "assess_venv_verify": venv_mode,
+            "assess_toolkit_verify": toolkit_mode,
+            "wall_s": wall,
+            "rc": res.rc,
+            "in_sync": [r.get("in_sync") for r in verdicts.values()],
+            "drift": drift[:6] + ([f"... {len(drift) - 6} more"] if len(drift) > 6 else []),
+        }
+        if res.rc != 0:
+            row["failed"] = [f"{r.task}: {r.msg}" for rs in res.results.values() for r in rs if r.failed][-2:]
+        print(json.dumps({"audit": row}, indent=1), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -241,6 +235,11 @@ def main() -> int:
     ap.add_argument("--reuse-plan", action="store_true", help="install the lock and wheelhouse an earlier run kept")
     ap.add_argument("--measure-only", action="store_true", help="measure the node an earlier --keep run upgraded")
     ap.add_argument("--no-bytecode", action="store_true", help="leave out the compileall timing")
+    ap.add_argument(
+        "--point-current",
+        action="store_true",
+        help="when the upgrade rolled back, point current at the built venv for the audit timings only",
+    )
     args = ap.parse_args()
 
     work = Path(args.work).resolve()
@@ -277,14 +276,26 @@ def main() -> int:
         if not args.measure_only:
             out["node_python"] = give_python(node, version, python_prefix(version, args.python_prefix))
             out["upgrade"] = upgrade(node, inventory, extra, env, controller)
+            print(json.dumps({"upgrade": out["upgrade"]}, indent=1), flush=True)
             upgraded = out["upgrade"]["rc"] == 0
         out["load_avg_5m"] = round(os.getloadavg()[1], 1)
         venv = f"{SERVING}/venvs/{lock['venv_name']}"
         if sh(node, f"test -x {venv}/bin/python").returncode == 0:
             out["venv"] = venv_figures(node, venv, bytecode=not args.no_bytecode)
+            print(json.dumps({"venv": out["venv"]}, indent=1), flush=True)
             out["imports_without_gpu"] = imports(node, venv, IMPORTS)
-            if upgraded:
-                out["audit"] = audits(inventory, extra, env)
+            print(json.dumps({"imports_without_gpu": out["imports_without_gpu"]}, indent=1), flush=True)
+            current = sh(node, f"readlink {SERVING}/current").stdout.strip()
+            switched = current.rstrip("/").endswith(lock["venv_name"])
+            if switched or args.point_current:
+                out["audit_current"] = "the upgrade's switch" if switched else "pointed at the venv by the bench"
+                sh(node, f"ln -sfn {venv} {SERVING}/current")
+                try:
+                    out["audit"] = audits(inventory, extra, env)
+                finally:
+                    sh(node, f"ln -sfn {current} {SERVING}/current")
+            else:
+                out["audit"] = f"not run: current points at {current}, not at the lock's venv (--point-current)"
         print(json.dumps(out, indent=1, default=str))
         return 0 if upgraded else 1
     finally:
