@@ -10,10 +10,11 @@ points at it), its state.json must hold a terminal result, the lock must be rele
 active; under HAProxy the server ready with no drain record left), /usr/local/cuda where it was, and the report must
 say what was done (a unit that was down is reported as restarted, never as "serving unit answers").
 
-The representative slice runs in `make test`; the whole matrix is marked `long` (`make integration-long`). The rows
-are appended to the fault-injection document (reports/fault-injection.md, or docs/ with GPUFLEET_UPDATE_DOCS=1) as
-a second table. The module also holds the lost-record cases: a host whose backups folder or state.json is gone, and a
-wheel cut short by the mirror.
+`make test` runs the slice (a host killed right after its stop drain, back through rollback.yml and through
+upgrade.yml) and the wheel cut short by the fleet cache; the rest of the matrix (72 cases, two per round) and the
+lost records (a host whose backups folder or state.json is gone) are marked `long` (`make integration-long`). The
+rows are appended to the fault-injection document (reports/fault-injection.md, or docs/ with GPUFLEET_UPDATE_DOCS=1)
+as a second table.
 """
 
 from __future__ import annotations
@@ -399,6 +400,8 @@ def upgraded(fleet, run_playbook, node_exec, first_backup, nodes):
     return result
 
 
+# A full upgrade of two hosts, an audit and three rollbacks (about 16 minutes here): make integration-long.
+@pytest.mark.long
 def test_lost_backups_and_lost_run_record(fleet, run_playbook, node_exec, baseline, first_backup):
     """node1 loses its backups folder, node2 its state.json, both after an upgrade. The audit names node2's lost
     record; rollback.yml puts node1's backup back from the controller's copy (after refusing, naming the missing
