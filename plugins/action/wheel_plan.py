@@ -92,6 +92,7 @@ class ActionModule(ActionBase):
             lf.write(made_file, lf.dumps(doc))
         lock["path"] = lock_path
         lock["lock_file"] = made_file
+        lock["origin"] = f"made now by this run, written to {made_file}"
         made_now = (
             f"lock made now by this run (no gpufleet_lock_file given), written to {made_file}"
             f"{' (check mode: not written)' if self._task.check_mode else ''}; review it and apply exactly it with"

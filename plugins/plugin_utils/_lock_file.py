@@ -236,6 +236,7 @@ def entry_lock(doc: dict, entry: dict, path: str, wheelhouse: str) -> dict:
     """The lock a host's roles take (fact ``gpufleet_wheel_lock``) from one entry of the lock file."""
     lock = copy.deepcopy(entry)
     lock.update(profile=doc["profile"]["name"], profile_hash=doc["profile"]["hash"], path=path, wheelhouse=wheelhouse)
+    lock["origin"] = f"from lock file {path}"
     lock.setdefault("hash12", lock["hash"][:12])
     lock.setdefault("tools", [])
     lock.setdefault("report", {})

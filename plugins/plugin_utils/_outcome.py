@@ -176,7 +176,11 @@ def phase_note(phase, facts) -> dict:
     if phase == "cuda_toolkit":
         return {phase: f"ok: {facts.get('cuda_toolkit_home') or 'installed'}"}
     if phase == "prepare":
-        return {phase: f"ok: {facts.get('venv_rebuild_path') or '?'} built and verified, the host still serving"}
+        # Where the lock came from (a reviewed lock file, or made now and where it was written), for the run's report.
+        origin = f" (lock {facts['lock_origin']})" if facts.get("lock_origin") else ""
+        return {
+            phase: f"ok: {facts.get('venv_rebuild_path') or '?'} built and verified{origin}, the host still serving"
+        }
     if phase == "venv_rebuild":
         return {phase: f"ok: current -> {facts.get('venv_rebuild_path') or '?'}"}
     if phase == "postcheck":

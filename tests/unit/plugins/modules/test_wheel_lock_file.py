@@ -144,6 +144,7 @@ def test_a_new_build_is_the_diff_and_the_apply_takes_it(index, tmp_path):
     (entry,) = taken["entries"]
     assert entry["venv_name"] != old and entry["packages"][0]["version"] == "0.3.22+cu130"
     assert entry["path"] == str(tmp_path / "fleet.lock.yml") and entry["wheelhouse"] == str(tmp_path / "c/wheelhouse")
+    assert entry["origin"] == f"from lock file {tmp_path / 'fleet.lock.yml'}"
 
 
 def test_apply_refuses_another_profile_and_missing_or_changed_wheels_naming_them(index, tmp_path):

@@ -276,3 +276,17 @@ def test_dumps_takes_values_ansible_templated():
     tagged = AnsibleTagHelper.tag("x86_64-manylinux_2_36", [Origin(path="/inventory")])
     assert type(tagged) is not str
     assert "platform: x86_64-manylinux_2_36\n" in lf.dumps({"platform": tagged})
+
+
+def test_the_prepare_note_says_where_the_lock_came_from():
+    from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _outcome
+
+    doc = lf.make_document(PROFILE, [lock()], "t")
+    taken = lf.entry_lock(doc, doc["entries"][0], "/r/fleet.lock.yml", "/c/wheelhouse")
+    facts = {"venv_rebuild_path": "/opt/v", "lock_origin": taken["origin"]}
+    assert _outcome.phase_note("prepare", facts) == {
+        "prepare": "ok: /opt/v built and verified (lock from lock file /r/fleet.lock.yml), the host still serving"
+    }
+    assert _outcome.phase_note("prepare", {"venv_rebuild_path": "/opt/v"}) == {
+        "prepare": "ok: /opt/v built and verified, the host still serving"
+    }
