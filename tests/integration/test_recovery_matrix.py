@@ -476,12 +476,15 @@ class CuttingCache(http.server.BaseHTTPRequestHandler):
 
 def test_a_wheel_cut_short_is_reported_as_a_truncated_download(fleet, run_playbook, node_exec, baseline, first_backup):
     node = fleet.nodes[0]
-    # The host must fetch: no wheel of the lock and no built venv of it left from earlier runs.
+    if sh(node_exec, node, "readlink -f /opt/gpufleet/serving/current") != OLD_VENV:
+        assert rollback(fleet, run_playbook, [node]).rc == 0, "the host could not be put back on the old stack"
+    # The host must fetch: no wheel of the lock and no built venv of it left from earlier runs (the one current
+    # points at is kept).
     sh(
         node_exec,
         node,
-        "rm -rf /opt/gpufleet/wheelhouse; cd /opt/gpufleet/serving/venvs && ls | grep -vx lab-cu128-seed "
-        "| xargs -r rm -rf",
+        "rm -rf /opt/gpufleet/wheelhouse; cd /opt/gpufleet/serving/venvs && cur=$(readlink -f ../current) && "
+        'for v in *; do [ "$PWD/$v" = "$cur" ] || rm -rf "$v"; done',
     )
     CuttingCache.controller = Path(fleet.inventory).parent / "controller"
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CuttingCache)
