@@ -283,7 +283,11 @@ def recorded_backup(state):
 
     A run that upgraded or repaired the host (or was interrupted after its backup) recorded the backup of the host
     before it; a rollback's record names the backup it restored, which is where the host is now, so no way back.
+    A run refused before any change defers to the run before it.
     """
+    if state and state.get("result") in ("failed_preflight", "failed"):
+        # A run that changed nothing: the run before it (its record's last_run) says where the host is.
+        return recorded_backup(state.get("last_run"))
     if not state or state.get("result") not in MOVED_RESULTS:
         return None
     return state.get("backup_id") or None

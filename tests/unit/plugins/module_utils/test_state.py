@@ -184,6 +184,8 @@ class TestRollbackTarget:
             # A rollback's record names the backup the host is at now: no way back from it.
             ({"run_id": "r3", "result": "rolled_back", "backup_id": "b1"}, None),
             ({"run_id": "r5", "result": "in_progress", "phase": "backup"}, None),
+            ({"run_id": "r6", "result": "failed_preflight", "last_run": UPGRADED}, "b1"),
+            ({"run_id": "r7", "result": "failed", "backup_id": "b7", "last_run": None}, None),
             (None, None),
         ],
     )
