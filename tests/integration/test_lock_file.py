@@ -169,7 +169,10 @@ def test_the_upgrade_without_a_lock_says_the_lock_was_made_now_and_where(scenari
     assert scenario["made_lock"].exists() and scenario["made_lock"].name.endswith(".lock.yml")
     doc = yaml.safe_load(scenario["made_lock"].read_text())
     assert doc["profile"]["name"] == "lab" and len(doc["entries"]) == 1
-    assert report(scenario["upgrade"], scenario["node"])["outcome"] == "upgraded"
+    made = report(scenario["upgrade"], scenario["node"])
+    assert made["outcome"] == "upgraded"
+    # The run's report keeps where the lock came from.
+    assert f"(lock made now by this run, written to {scenario['made_lock']})" in made["phases"]["prepare"], made
 
 
 def test_a_newer_build_on_the_index_leaves_the_audit_in_sync_and_asks_no_index(scenario):
@@ -211,7 +214,9 @@ def test_plan_shows_exactly_the_new_build_and_check_mode_writes_nothing(scenario
 def test_applying_the_new_lock_upgrades_to_exactly_that_build_without_asking_an_index(scenario):
     apply = scenario["apply"]
     assert apply.rc == 0, apply
-    assert report(apply, scenario["node"])["outcome"].startswith("upgraded"), report(apply, scenario["node"])
+    applied = report(apply, scenario["node"])
+    assert applied["outcome"].startswith("upgraded"), applied
+    assert f"(lock from lock file {scenario['fleet_lock']})" in applied["phases"]["prepare"], applied
     entry = yaml.safe_load(scenario["fleet_lock"].read_text())["entries"][0]
     assert os.path.basename(scenario["venv_after_apply"]) == entry["venv_name"]
     assert scenario["kernel_after_apply"] == NEW_KERNEL
