@@ -207,7 +207,7 @@ def test_a_drop_in_is_named_refused_and_a_stale_server_restarted(one_node, run_p
     assert audits(audit)[node]["drift"] == [line], audits(audit)[node]
 
     refused = upgrade(one_node, run_playbook)
-    assert refused.rc != 0, refused
+    assert refused.rc != 0 and node in reports(refused), refused
     report = reports(refused)[node]
     assert report["outcome_kind"] == "failed_preflight", report
     assert f"{DROP_IN_DIR}/override.conf" in report["outcome"] and "daemon-reload" in report["outcome"], report
