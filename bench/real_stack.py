@@ -194,11 +194,11 @@ def imports(node: str, venv: str, modules: list[str]) -> dict:
     for module in modules:
         probe = (
             f"s=$(date +%s.%N); {venv}/bin/python -c {shlex.quote('import ' + module)} >/tmp/imp.out 2>&1; rc=$?;"
-            ' e=$(date +%s.%N); python3 -c "print($e - $s, $rc)"; tail -n 1 /tmp/imp.out'
+            ' e=$(date +%s.%N); python3 -c "print($e - $s, $rc)"; grep -E "Error|error:" /tmp/imp.out | tail -n 3'
         )
         lines = sh(node, probe, timeout=600).stdout.splitlines()
         secs, rc = lines[0].split()
-        out[module] = {"ok": rc == "0", "s": round(float(secs), 1), **({"error": lines[-1]} if rc != "0" else {})}
+        out[module] = {"ok": rc == "0", "s": round(float(secs), 1), **({"error": lines[1:]} if rc != "0" else {})}
     return out
 
 
