@@ -32,6 +32,8 @@ SHIPPED = {
     "FILES.json",
     "MANIFEST.json",
     "README.md",
+    "CHANGELOG.md",
+    "LICENSE",
     "requirements.txt",
     "changelogs",
     "docs",
@@ -62,6 +64,8 @@ REQUIRED = {
     "plugins/callback/upgrade_summary.py",
     "meta/runtime.yml",
     "requirements.txt",
+    "LICENSE",
+    "CHANGELOG.md",
     "docs/operator-guide.md",
     "inventories/example/hosts.yml",
 }
