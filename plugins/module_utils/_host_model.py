@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import shlex
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _proc
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
@@ -198,23 +197,6 @@ def venv_link_item(link, target, expected_path, venv_name) -> dict:
 # --------------------------------------------------------------------------- managed files
 
 
-def parse_env(text) -> dict:
-    """An EnvironmentFile's variables (``KEY=value``, ``KEY="value"``); comments and blank lines left out."""
-    out = {}
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", ";")) or "=" not in line:
-            continue
-        key, _sep, value = line.partition("=")
-        try:
-            words = shlex.split(value, posix=True)
-            value = words[0] if len(words) == 1 else value.strip()
-        except ValueError:
-            value = value.strip()
-        out[key.strip()] = value
-    return out
-
-
 def file_item(label, path, expected_text, observed_text, kind="text") -> dict:
     """A managed file against its rendered template. kind ``env`` names each variable that differs."""
     if observed_text is None:
@@ -223,7 +205,7 @@ def file_item(label, path, expected_text, observed_text, kind="text") -> dict:
         return item(label, path, path)
     drift = []
     if kind == "env":
-        want, have = parse_env(expected_text), parse_env(observed_text)
+        want, have = un.parse_env_file(expected_text), un.parse_env_file(observed_text)
         for key in sorted(set(want) | set(have)):
             if key not in have:
                 drift.append(f"{label}: {key} is not set, profile wants {want[key]}")
@@ -500,7 +482,7 @@ def serving_items(observed, unit_text, env_text, unit_path, env_path, venv_link)
     unit_text, env_text: the unit and environment file as the collection renders them; venv_link: ``current``.
     """
     unit, sources = observed.get("unit"), observed.get("sources") or []
-    want_argv, want_env = un.expected_exec(unit_text), parse_env(env_text)
+    want_argv, want_env = un.expected_exec(unit_text), un.parse_env_file(env_text)
     process = observed.get("process")
     items = []
     unit_lines = []
@@ -588,7 +570,9 @@ def observe_serving(
             raise un.UnitError(f"systemctl show {name} failed (rc {rc}): {(err or out).strip()}")
         shown = dict(un.parse_show(out), name=name)
         sources = un.read_sources(shown["fragment_path"], shown["drop_in_paths"])
-        env_files = {p: un.only(v, keys) for p, v in un.env_file_values(shown["environment_files"], parse_env).items()}
+        env_files = {
+            p: un.only(v, keys) for p, v in un.env_file_values(shown["environment_files"], un.parse_env_file).items()
+        }
         shown["environment_names"] = sorted(shown["environment"])
         shown["environment"] = un.only(shown["environment"], keys)
         for source in sources:
@@ -677,7 +661,7 @@ def stack_consistency(packages, env_text, toolkits, realpath=os.path.realpath) -
     Returns ``{consistent, problems: [words], cuda_home, cuda_version}``.
     """
     problems = []
-    env = parse_env(env_text) if env_text is not None else {}
+    env = un.parse_env_file(env_text) if env_text is not None else {}
     home = env.get("CUDA_HOME")
     by_path = {os.path.normpath(t["path"]): t for t in toolkits or ()}
     toolkit = by_path.get(os.path.normpath(realpath(home))) if home else None

@@ -40,6 +40,68 @@ SHOW_PROPERTIES = (
 )
 
 
+# Characters a backslash escapes inside double quotes (systemd's SHELL_NEED_ESCAPE); before others it stays.
+_DQ_ESCAPES = '"\\`$'
+
+
+def parse_env_file(text: str) -> dict:
+    """A systemd EnvironmentFile, read as systemd reads it: ``KEY=value`` lines, ``#`` and ``;`` comment lines,
+    values bare (a backslash escapes the next character, trailing blanks are dropped), in single quotes (literal)
+    or in double quotes (a backslash escapes a double quote, a backslash, a backtick or a dollar sign and stays
+    before any other character); a backslash before the end of a line joins the next one."""
+    env = {}
+    for key, value in _assignments(text or ""):
+        env[key] = value
+    return env
+
+
+def _assignments(text):
+    pos, n = 0, len(text)
+    while pos < n:
+        end = text.find("\n", pos)
+        end = n if end < 0 else end
+        line = text[pos:end]
+        stripped = line.lstrip()
+        key, sep, _rest = stripped.partition("=")
+        if not stripped or stripped[0] in "#;" or not sep or not key.strip():
+            pos = end + 1
+            continue
+        start = pos + (len(line) - len(stripped)) + len(key) + 1
+        value, pos = _value(text, start)
+        yield key.strip(), value
+
+
+def _value(text, pos):
+    """The value starting at ``pos`` and the position after its line."""
+    n, out, quote, trail = len(text), [], None, 0
+    while pos < n and text[pos] in " \t":
+        pos += 1
+    while pos < n:
+        ch = text[pos]
+        if quote is None and ch == "\n":
+            break
+        if ch == "\\" and pos + 1 < n and quote != "'":
+            nxt = text[pos + 1]
+            if nxt == "\n":
+                pass  # a line continuation
+            elif quote == '"' and nxt not in _DQ_ESCAPES:
+                out.append(ch + nxt)
+            else:
+                out.append(nxt)
+            pos, trail = pos + 2, 0
+            continue
+        if quote is None and ch in "'\"":
+            quote, trail = ch, 0
+        elif ch == quote:
+            quote = None
+        else:
+            out.append(ch)
+            trail = trail + 1 if quote is None and ch in " \t" else 0
+        pos += 1
+    value = "".join(out)
+    return (value[: len(value) - trail] if trail else value), pos + 1
+
+
 def show_argv(systemctl, unit) -> list:
     """The command that prints a unit's properties the model reads."""
     return [systemctl, "show", unit, "--no-pager", "-p", ",".join(SHOW_PROPERTIES)]

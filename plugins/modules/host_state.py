@@ -269,7 +269,7 @@ def serving_items(spec, files, venv_spec, run):
     if missing:
         raise ValueError(f"serving.{' and serving.'.join(missing)} name no file of option files")
     env_text = texts[os.path.normpath(spec["env_path"])]
-    keys = set(hm.parse_env(env_text))
+    keys = set(un.parse_env_file(env_text))
     unit_text = texts[os.path.normpath(spec["unit_path"])]
     port = hm.argv_option(un.expected_exec(unit_text), "--port")
     seen = hm.observe_serving(spec.get("unit"), spec.get("main_pid"), keys, run, port=port)

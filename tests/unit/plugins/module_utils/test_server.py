@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _server
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _server, _unit
 
 # `systemctl show -p MainPID -p ControlGroup -p ActiveState -p LoadState sglang.service` on a Debian 12 lab node,
 # in systemd's own order (not the order asked).
@@ -116,7 +116,7 @@ def as_serving_template_writes(value):
 def test_env_file_values_round_trip_through_the_serving_template(value):
     cuda = as_serving_template_writes("/usr/local/cuda-13.0")
     text = f"# comment\nCUDA_HOME={cuda}\nV={as_serving_template_writes(value)}\n"
-    assert _server.parse_env_file(text) == {"CUDA_HOME": "/usr/local/cuda-13.0", "V": value}
+    assert _unit.parse_env_file(text) == {"CUDA_HOME": "/usr/local/cuda-13.0", "V": value}
 
 
 def test_env_file_syntax_as_systemd_reads_it():
@@ -133,7 +133,7 @@ def test_env_file_syntax_as_systemd_reads_it():
         "not an assignment\n"
         "EMPTY=\n"
     )
-    assert _server.parse_env_file(text) == {
+    assert _unit.parse_env_file(text) == {
         "BARE": "some value",
         "SINGLE": "a \\n $b",
         "DOUBLE": "keep \\q drop $",
