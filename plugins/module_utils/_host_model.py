@@ -30,6 +30,7 @@ refuse with its ``fix``); ``judge`` adds the verdict, ``repairs`` what a re-run 
 from __future__ import annotations
 
 import base64
+import csv
 import os
 import re
 
@@ -100,15 +101,15 @@ def record_problems(site, dist_info, verify="record") -> list:
         return []
     problems = []
     try:
-        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
+        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace", newline="") as handle:
+            # RECORD is CSV (PEP 376): a path holding a comma or a quote is quoted, so it is read as CSV, not split.
+            rows = list(csv.reader(handle))
     except OSError:
         return [(os.path.basename(dist_info) + "/RECORD", "missing")]
-    for line in lines:
-        parts = line.rsplit(",", 2)
-        if len(parts) != 3 or not parts[1].startswith("sha256="):
+    for row in rows:
+        if len(row) != 3 or not row[1].startswith("sha256="):
             continue
-        rel, hash_text, size = parts
+        rel, hash_text, size = row
         path = os.path.normpath(os.path.join(site, rel))
         try:
             st = os.stat(path)

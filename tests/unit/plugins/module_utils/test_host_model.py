@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import os
 
@@ -27,14 +28,16 @@ def install(site, name, version, files):
     (dist_info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nBody: not a header\n"
     )
-    lines = []
+    rows = []
     for rel, data in files.items():
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        lines.append(f"{rel},{record_hash(data)},{len(data)}")
-    lines.append(f"{dist_info.name}/RECORD,,")
-    (dist_info / "RECORD").write_text("\n".join(lines) + "\n")
+        rows.append([rel, record_hash(data), len(data)])
+    rows.append([f"{dist_info.name}/RECORD", "", ""])
+    # Installers write RECORD with the csv module: a path holding a comma is quoted.
+    with open(dist_info / "RECORD", "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle, lineterminator="\n").writerows(rows)
 
 
 @pytest.fixture
@@ -51,6 +54,17 @@ def test_a_venv_that_matches_the_lock_is_in_sync(venv):
     entry = hm.venv_item(hm.read_venv(str(venv)), LOCK)
     assert entry["ok"] and entry["drift"] == [], entry
     assert entry["observed"]["packages"] == 2  # pip is venv tooling, not judged
+
+
+def test_a_path_holding_a_comma_is_read_from_its_csv_quoted_record(tmp_path):
+    # sglang's wheels carry such files (a quoted RECORD row); split on commas they read as missing.
+    site = tmp_path / "site"
+    install(site, "six", "1.17.0", {"six/data/a,b.json": b"{}", "six.py": b"# six\n"})
+    dist_info = site / "six-1.17.0.dist-info"
+    assert '"six/data/a,b.json"' in (dist_info / "RECORD").read_text()
+    assert hm.record_problems(str(site), str(dist_info)) == []
+    (site / "six" / "data" / "a,b.json").write_bytes(b"[]")
+    assert hm.record_problems(str(site), str(dist_info)) == [("six/data/a,b.json", "edited")]
 
 
 def test_a_removed_package_is_named(venv):
