@@ -283,7 +283,12 @@ def write_text(path, text):
 
 
 def command(step, argv, timeout=1800):
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        shown = " ".join(argv[:4])
+        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x for x in (exc.stdout, exc.stderr) if x)
+        raise StepError(step, f"{shown} ... did not finish within {timeout} s", out.strip()) from None
     if proc.returncode != 0:
         shown = " ".join(argv[:4])
         raise StepError(step, f"{shown} ... exited {proc.returncode}", (proc.stdout + proc.stderr).strip())
@@ -393,7 +398,7 @@ def sync_venv(spec, uv):
     cache = build_cache(spec)
     shutil.rmtree(cache, ignore_errors=True)  # a killed build's leftovers
     try:
-        command("sync", sync_argv(spec, uv, cache))
+        command("sync", sync_argv(spec, uv, cache), timeout=int(spec.get("sync_timeout") or 3600))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

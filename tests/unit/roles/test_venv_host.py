@@ -338,3 +338,14 @@ def test_every_compiled_extension_of_torch_is_imported_not_only_the_profile_s(ho
             "it must be built for the torch installed) failed",
         ]
     ]
+
+
+def test_a_step_past_its_time_limit_is_named_with_the_limit():
+    # A real stack's sync ran past a fixed limit and surfaced as a raw TimeoutExpired traceback.
+    with pytest.raises(vh.StepError) as err:
+        vh.command(
+            "sync", [sys.executable, "-c", "import time; print('unpacking', flush=True); time.sleep(30)"], timeout=1
+        )
+    assert err.value.step == "sync"
+    assert "did not finish within 1 s" in err.value.error
+    assert "unpacking" in err.value.output
