@@ -122,7 +122,7 @@ options:
         type: path
         required: true
       venv_link:
-        description: The C(current) link; the server must run from where it points. Defaults to O(venv.link).
+        description: The C(current) link; the server must run from where it points. Defaults to the C(link) of O(venv).
         type: path
   state_path:
     description:

@@ -151,6 +151,8 @@ def build_module():
             "environ_keys": {
                 "type": "list",
                 "elements": "str",
+                # names of variables whose values are returned, never a value itself
+                "no_log": False,
                 "default": ["CUDA_HOME", "CUDA_PATH", "PATH", "LD_LIBRARY_PATH"],
             },
             "expect": {

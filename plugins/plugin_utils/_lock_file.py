@@ -19,9 +19,10 @@ import os
 import re
 import tempfile
 import urllib.error
-import urllib.request
+import urllib.parse
 
 import yaml
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
 
@@ -247,12 +248,12 @@ def missing_from_site_cache(entries: list, url: str, timeout: float = 10, opener
     """Wheels a site cache (``gpufleet_fleet_cache_url``: hosts pull ``<url>/wheels/<file>``) does not serve, or
     serves with another size than the lock's: one HEAD request each. The sha256 is checked by each host as it pulls
     a wheel, before anything is installed."""
-    open_url = opener or urllib.request.urlopen
+    head = opener or (lambda target, timeout: open_url(target, method="HEAD", timeout=timeout))
     missing = []
     for wheel in entries:
-        target = f"{url.rstrip('/')}/wheels/{urllib.request.quote(wheel['filename'])}"
+        target = f"{url.rstrip('/')}/wheels/{urllib.parse.quote(wheel['filename'])}"
         try:
-            with open_url(urllib.request.Request(target, method="HEAD"), timeout=timeout) as answer:
+            with head(target, timeout=timeout) as answer:
                 size = answer.headers.get("Content-Length")
         except (urllib.error.URLError, OSError) as exc:
             missing.append(f"{wheel['filename']} (site cache {target}: {getattr(exc, 'code', None) or exc})")

@@ -357,7 +357,8 @@ SERVING = [  # a server beside the post-check: its launcher holds nothing, its s
 NAMES = {3703: "sglang::scheduler_TP0", 4242: "python3"}
 
 
-def serving_overrides(procs=SERVING):
+def serving_overrides(procs=None):
+    procs = SERVING if procs is None else procs
     return {
         "nvmlDeviceGetComputeRunningProcesses": procs,
         "nvmlSystemGetProcessName": lambda args: NAMES.get(args[0], "python3"),

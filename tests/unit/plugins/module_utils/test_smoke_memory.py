@@ -251,7 +251,8 @@ def test_memory_holders_split_the_servers_from_the_others():
     nvml = fake.FakeNVML(fake.load(), {"nvmlDeviceGetComputeRunningProcesses": procs, "nvmlSystemGetProcessName": "p"})
     holders, error = _nvml.read_memory_holders(lambda: nvml, {3700, 3703})
     assert error is None and ("nvmlShutdown", []) in nvml.asked
-    ((uuid, held),) = holders.items()
+    assert len(holders) == 1
+    uuid, held = next(iter(holders.items()))
     assert uuid.startswith("GPU-") and held["index"] == 0 and held["total_mib"] == 143771
     assert held["server_pids"] == [3703] and held["server_mib"] == 122880
     assert held["other_pids"] == [4242] and held["other_mib"] == 1024

@@ -94,7 +94,7 @@ def test_ticks_come_once_per_step_and_concurrent_requests_share_a_step(engines):
     assert alone >= 20 * TARGET_S
     import threading
 
-    threads = [threading.Thread(target=lambda: list(engine.ticks(10, [1] * 20))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: list(engine.ticks(10, [1] * 20))) for _n in range(4)]
     began = time.monotonic()
     for thread in threads:
         thread.start()
@@ -129,8 +129,8 @@ def bench_of(url, **over):
 
 @pytest.mark.parametrize(("slowdown", "caught"), [(1.0, False), (12.0, True)])
 def test_the_speculation_gate_catches_a_slowed_draft(engines, serve, slowdown, caught):
-    _, nospec_url = serve(speculative_algorithm=None, engine=engines())
-    _, spec_url = serve(engine=engines(**spec_fields(slowdown=slowdown)))
+    _nospec, nospec_url = serve(speculative_algorithm=None, engine=engines())
+    _spec, spec_url = serve(engine=engines(**spec_fields(slowdown=slowdown)))
     nospec, spec = bench_of(nospec_url), bench_of(spec_url)
     accept = STACKS["new"].accept_length
     assert spec["accept_length"] == pytest.approx(208 / sum(len(step_sizes(n, accept)) for n in (16, 32, 32, 64, 64)))
@@ -142,7 +142,7 @@ def test_server_info_reports_the_workers_and_their_memory(engines, serve):
     import json
     import urllib.request
 
-    _, url = serve(engine=engines(**spec_fields()))
+    _server, url = serve(engine=engines(**spec_fields()))
     with urllib.request.urlopen(url + "/server_info") as answer:
         info = json.load(answer)
     assert info["tp_size"] == 2

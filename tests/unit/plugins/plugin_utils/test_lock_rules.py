@@ -117,7 +117,7 @@ def test_a_cuda_12_library_in_a_cuda_13_lock_is_refused_naming_who_required_it()
         " old-kernel 1.0 (chain: nvidia-cublas-cu12 <- old-kernel 1.0 <- sglang 0.5.9 <- the plan's requirements)"
     ) in msg
     assert "wheels.rules.cuda_exceptions: [{package: nvidia-cublas-cu12, reason: ...}]" in msg
-    assert "torch" not in msg.split("Fix:")[0].split("required by")[0]
+    assert "torch" not in msg.split("Fix:", maxsplit=1)[0].split("required by")[0]
 
     allowed = lr.judge_lock(
         entries, graph, {}, profile(exceptions=[{"package": "nvidia_cublas_cu12", "reason": "old-kernel's CPU path"}])
