@@ -78,8 +78,8 @@ integration-long: mirrors
 matrix: mirrors
 	bash scripts/matrix.sh
 
-## CI's second job, beside make test (whose released-artifact test runs the newest ansible-core end to end and whose
-## sanity and unit run 2.19): sanity and unit on the other supported ansible-cores.
+## Sanity and unit on the other supported ansible-cores, run by hand before a release (make test's released-artifact
+## test runs the newest ansible-core end to end; its sanity and unit run 2.19).
 matrix-ci: setup
 	MATRIX_VERSIONS="2.20 2.21" MATRIX_STEPS="sanity unit" bash scripts/matrix.sh
 
