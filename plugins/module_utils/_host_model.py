@@ -565,7 +565,7 @@ def observe_serving(
     keys = set(keys or ())
     shown, sources, env_files = None, [], {}
     if unit:
-        name = unit if "." in unit else f"{unit}.service"
+        name = un.unit_name(unit)
         rc, out, err = run(un.show_argv(systemctl, name))
         if rc != 0:
             raise un.UnitError(f"systemctl show {name} failed (rc {rc}): {(err or out).strip()}")

@@ -43,10 +43,6 @@ class ServerUnknown(Exception):
 # --------------------------------------------------------------------------- which processes are the server's
 
 
-def unit_name(unit: str) -> str:
-    return unit if "." in unit else f"{unit}.service"
-
-
 def read_unit(unit: str, which, run) -> dict:
     """The unit's main pid, cgroup and state (``systemctl show``, read by _unit.parse_show). ``which(name)`` finds an
     executable (None when absent), ``run(argv)`` returns ``(rc, stdout, stderr)`` (AnsibleModule.get_bin_path and
@@ -54,7 +50,7 @@ def read_unit(unit: str, which, run) -> dict:
     systemctl = which("systemctl")
     if not systemctl:
         raise ServerUnknown("this host has no systemctl (no systemd): give the server's main pid instead")
-    name = unit_name(unit)
+    name = _unit.unit_name(unit)
     argv = [systemctl, "show", name, "--no-pager", "-p", "MainPID,ControlGroup,ActiveState,LoadState"]
     rc, out, err = run(argv)
     if rc != 0:
@@ -92,7 +88,7 @@ def resolve(params: dict, which, run, proc_root="/proc", cgroup_root="/sys/fs/cg
         try:
             shown = read_unit(unit, which, run)
         except ServerUnknown as exc:
-            out["error"] = f"the serving unit {unit_name(unit)} could not be read: {exc}"
+            out["error"] = f"the serving unit {_unit.unit_name(unit)} could not be read: {exc}"
         else:
             main_pid, cgroup = shown["main_pid"], cgroup or shown["cgroup"]
             out.update(main_pid=main_pid, cgroup=cgroup, source=f"systemd ({shown['active_state']})")

@@ -102,6 +102,11 @@ def _value(text, pos):
     return (value[: len(value) - trail] if trail else value), pos + 1
 
 
+def unit_name(unit: str) -> str:
+    """A unit as systemctl names it: ``sglang`` is ``sglang.service``."""
+    return unit if "." in unit else f"{unit}.service"
+
+
 def show_argv(systemctl, unit) -> list:
     """The command that prints a unit's properties the model reads."""
     return [systemctl, "show", unit, "--no-pager", "-p", ",".join(SHOW_PROPERTIES)]
