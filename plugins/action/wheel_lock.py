@@ -7,30 +7,24 @@ from __future__ import annotations
 
 import os
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_lock import ARGUMENT_SPEC
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._controller import profile_and_folder
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_action import WheelAction
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import fetch_wheelhouse, verify_wheelhouse
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import PlanError
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
+class ActionModule(WheelAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
-        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        host = task_vars.get("inventory_hostname", "controller")
-        profile, controller_dir, error = profile_and_folder(args, task_vars, self._templar.template, host)
-        if error:
-            return _fail(result, error)
+        start = self.start(result, task_vars)
+        if start is None:
+            return result
+        args, profile, wheelhouse = start.args, start.profile, start.wheelhouse
         path = os.path.abspath(args["path"])
-        wheelhouse = os.path.join(controller_dir, "wheelhouse")
         try:
             doc = lf.read(path)
             lf.check_profile(doc, profile, path)
@@ -38,7 +32,7 @@ class ActionModule(ActionBase):
             fetched = self._fetch(args, locks, wheelhouse) if args["fetch"] else []
             self._check_wheels(args, locks, wheelhouse, path)
         except (lf.LockFileError, PlanError) as exc:
-            return _fail(result, str(exc))
+            return self.fail(result, str(exc))
         result.update(
             changed=bool(fetched) and not self._task.check_mode,
             path=path,
@@ -70,8 +64,3 @@ class ActionModule(ActionBase):
             return  # the files named as fetched would be there after a real run
         gone = {lock["venv_name"]: verify_wheelhouse(lock, wheelhouse) for lock in locks}
         lf.refuse_missing(gone, f"the controller's wheelhouse {wheelhouse}", path)
-
-
-def _fail(result, msg):
-    result.update(failed=True, msg=msg)
-    return result

@@ -11,13 +11,10 @@ import os
 import tempfile
 from urllib.parse import unquote
 
-from ansible.module_utils.basic import missing_required_lib
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._controller import profile_and_folder
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_action import WheelAction
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import (
     fetch_wheelhouse,
     find_uv,
@@ -25,33 +22,20 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan impor
     report_lines,
     verify_wheelhouse,
 )
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
-    HAS_PACKAGING,
-    PACKAGING_IMPORT_ERROR,
-    PlanError,
-    Target,
-)
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import PlanError, Target
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
+class ActionModule(WheelAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
-        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        host = task_vars.get("inventory_hostname", "controller")
-        if not HAS_PACKAGING:
-            # The plan runs on the controller: the library is missing from the Python that runs ansible.
-            self._fail(result, f"{host}: {missing_required_lib('packaging')}")
-            result["exception"] = PACKAGING_IMPORT_ERROR
+        start = self.start(result, task_vars)
+        if start is None:
             return result
-        profile, controller_dir, error = profile_and_folder(args, task_vars, self._templar.template, host)
-        if error:
-            return self._fail(result, error)
+        args, host, profile, controller_dir = start.args, start.host, start.profile, start.controller_dir
+        wheelhouse = start.wheelhouse
         fetcher = Fetcher(timeout=args["timeout"])
-        wheelhouse = os.path.join(controller_dir, "wheelhouse")
         if args["lock_file"]:
             return self._plan_lock_file(result, args, profile, fetcher, wheelhouse, host)
         target = Target(
@@ -60,7 +44,7 @@ class ActionModule(ActionBase):
         try:
             lock = self._make_lock(args, profile, target, fetcher, wheelhouse)
         except PlanError as exc:
-            return self._fail(result, f"{host}: wheel plan for profile {profile.get('name')!r} failed: {exc}")
+            return self.fail(result, f"{host}: wheel plan for profile {profile.get('name')!r} failed: {exc}")
         lock_dir = os.path.join(controller_dir, "locks")
         lock_path = os.path.join(lock_dir, f"{lock['venv_name']}.json")
         lock["wheelhouse"] = wheelhouse
@@ -84,7 +68,7 @@ class ActionModule(ActionBase):
                     with open(lock_path[: -len(".json")] + ".txt", "w", encoding="utf-8") as handle:
                         handle.write("\n".join(report_lines(lock)) + "\n")
             except PlanError as exc:
-                return self._fail(result, f"{host}: {exc}")
+                return self.fail(result, f"{host}: {exc}")
         # The same lock as a lock file, so what this run installs can be reviewed and applied again as it is.
         made_file = lock_path[: -len(".json")] + ".lock.yml"
         doc = lf.make_document(profile, [lock], lock.get("generated_at") or _now())
@@ -105,7 +89,6 @@ class ActionModule(ActionBase):
             lock_file=made_file,
             report=[made_now, *report_lines(lock)],
             fetch={**fetched, "requests": fetcher.requests, "bytes_in": fetcher.bytes_in},
-            ansible_facts={"gpufleet_wheel_lock": lock},
         )
         if self._task.diff:
             result["diff"] = {"before": "", "after": "\n".join(report_lines(lock)) + "\n", "after_header": lock_path}
@@ -137,11 +120,11 @@ class ActionModule(ActionBase):
                 else [{"platform": args["platform"], "python": python, "hosts": []}]
             )
         except lf.LockFileError as exc:
-            return self._fail(result, f"{host}: {exc}")
+            return self.fail(result, f"{host}: {exc}")
         try:
             previous = lf.read(path) if os.path.exists(path) else None
         except lf.LockFileError as exc:
-            return self._fail(result, f"{host}: {exc}; or move it aside to plan without a previous lock file")
+            return self.fail(result, f"{host}: {exc}; or move it aside to plan without a previous lock file")
         locks = []
         for target in targets:
             try:
@@ -151,7 +134,7 @@ class ActionModule(ActionBase):
                 if args["fetch"] and not self._task.check_mode:
                     fetch_wheelhouse(fetcher, lock, wheelhouse)
             except PlanError as exc:
-                return self._fail(
+                return self.fail(
                     result,
                     f"{host}: wheel plan for profile {profile.get('name')!r}, {target['platform']} Python"
                     f" {target['python']}, failed: {exc}. The lock file {path} was not changed",
@@ -192,11 +175,6 @@ class ActionModule(ActionBase):
         )
         if self._task.diff:
             result["diff"] = {"before": before, "after": text, "before_header": path, "after_header": path}
-        return result
-
-    @staticmethod
-    def _fail(result, msg):
-        result.update(failed=True, msg=msg)
         return result
 
 

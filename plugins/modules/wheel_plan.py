@@ -42,8 +42,8 @@ description:
     C(-cuNN) name, NVIDIA's CUDA libraries, C(cuda-python)/C(cuda-bindings), torch by the libraries it requires) is
     built for the profile's C(cuda.version) major unless C(wheels.rules.cuda_exceptions) allows it with a reason.
   - Writes the lock to O(controller_dir)C(/locks/<profile>-<hash12>.json) with a human report beside it, downloads
-    every locked wheel once into O(controller_dir)C(/wheelhouse) (sha256 verified) and sets the fact
-    C(gpufleet_wheel_lock).
+    every locked wheel once into O(controller_dir)C(/wheelhouse) (sha256 verified) and returns the lock as
+    RV(lock); it sets no fact (role C(venv_rebuild) registers the result and sets C(gpufleet_wheel_lock) from it).
   - Also writes the same lock as a lock file (C(<profile>-<hash12>.lock.yml) beside it, the format of O(lock_file))
     and puts first in the report that the lock was made now and where it was written, so what a run installed can be
     reviewed and applied again as it is (C(gpufleet_lock_file), action C(gpufleet.upgrade.wheel_lock)).
@@ -146,7 +146,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 lock:
-  description: The lock, also set as fact C(gpufleet_wheel_lock).
+  description: The lock; role C(venv_rebuild) sets the variable C(gpufleet_wheel_lock) from it.
   returned: success
   type: dict
   contains:

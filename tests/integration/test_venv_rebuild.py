@@ -166,7 +166,7 @@ def test_hash_mismatch_on_the_host_fails_before_any_switch(
     ctl = {"gpufleet_controller_dir": str(tmp_path / "ctl"), "gpufleet_distribution": distribution}
     first = run_playbook(PLAYBOOK, fleet.inventory, dict(ctl, venv_rebuild_switch=False))
     assert first.rc == 0, first
-    lock = first.task("Plan the serving wheels once", fleet.nodes[0]).res["ansible_facts"]["gpufleet_wheel_lock"]
+    lock = first.task("Plan the serving wheels once", fleet.nodes[0]).res["lock"]
     bad = json.loads(json.dumps(lock))
     bad["packages"][0]["sha256"] = "0" * 64
     bad["venv_name"] = "lab-tampered"
