@@ -91,65 +91,143 @@ def read_metadata(dist_info) -> tuple:
     return name, version
 
 
-def record_problems(site, dist_info, verify="record") -> list:
+def record_rows(dist_info) -> list:
+    """The judged rows of a distribution's RECORD: ``[(relative path, urlsafe-base64 sha256, size text)]``.
+
+    Entries without a hash (RECORD itself, byte-code) are left out. Raises OSError when there is no RECORD."""
+    with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace", newline="") as handle:
+        # RECORD is CSV (PEP 376): a path holding a comma or a quote is quoted, so it is read as CSV, not split.
+        rows = list(csv.reader(handle))
+    return [
+        (row[0], row[1][len("sha256=") :], row[2]) for row in rows if len(row) == 3 and row[1].startswith("sha256=")
+    ]
+
+
+def file_state(path, want, size, verify, digests=None):
+    """``None`` when the file at ``path`` is what one RECORD row says, else ``'missing'`` or ``'edited'``.
+
+    verify ``record`` compares size and sha256, ``size`` the size only. ``digests`` ({path: hash}) keeps each file's
+    hash, so a file several RECORDs claim is read once."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    if size.isdigit() and st.st_size != int(size):
+        return "edited"
+    if verify == "record":
+        digests = {} if digests is None else digests
+        if path not in digests:
+            digests[path] = base64.urlsafe_b64encode(bytes.fromhex(file_sha256(path))).rstrip(b"=").decode()
+        if digests[path] != want:
+            return "edited"
+    return None
+
+
+def record_problems(site, dist_info, verify="record", claims=None, digests=None) -> list:
     """Files of a distribution that differ from its RECORD: ``[(path, 'missing' | 'edited')]``.
 
     verify: ``record`` compares sizes and sha256, ``size`` sizes only (fast on a multi-GB torch venv), ``none`` skips.
-    Entries without a hash (RECORD itself, byte-code) are not judged.
+    Entries without a hash (RECORD itself, byte-code) are not judged. ``claims`` ({normalised path: [(name, hash,
+    size)]}, ``shared_files``): a file that several installed distributions install holds the last one's copy, so
+    it is accepted when it matches any of their RECORDs.
     """
     if verify == "none":
         return []
-    problems = []
     try:
-        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace", newline="") as handle:
-            # RECORD is CSV (PEP 376): a path holding a comma or a quote is quoted, so it is read as CSV, not split.
-            rows = list(csv.reader(handle))
+        rows = record_rows(dist_info)
     except OSError:
         return [(os.path.basename(dist_info) + "/RECORD", "missing")]
-    for row in rows:
-        if len(row) != 3 or not row[1].startswith("sha256="):
-            continue
-        rel, hash_text, size = row
+    return rows_problems(site, rows, verify, claims, digests)
+
+
+def rows_problems(site, rows, verify="record", claims=None, digests=None) -> list:
+    """``record_problems`` of RECORD rows already read."""
+    claims = claims or {}
+    digests = {} if digests is None else digests
+    problems = []
+    for rel, want, size in rows:
         path = os.path.normpath(os.path.join(site, rel))
-        try:
-            st = os.stat(path)
-        except OSError:
-            problems.append((rel, "missing"))
+        how = file_state(path, want, size, verify, digests)
+        if how == "edited" and any(
+            file_state(path, h, s, verify, digests) is None for _n, h, s in claims.get(path, ())
+        ):
             continue
-        if size.isdigit() and st.st_size != int(size):
-            problems.append((rel, "edited"))
-            continue
-        if verify == "record":
-            want = hash_text[len("sha256=") :]
-            have = base64.urlsafe_b64encode(bytes.fromhex(file_sha256(path))).rstrip(b"=").decode()
-            if have != want:
-                problems.append((rel, "edited"))
+        if how:
+            problems.append((rel, how))
     return problems
 
 
+def shared_files(site, records) -> dict:
+    """``{normalised path: [(name, hash, size)]}`` of the files that the RECORDs of several distributions claim.
+
+    records: ``{distribution name: RECORD rows}`` (``record_rows``). Two wheels may ship one top-level file
+    (flashinfer-python and torch-c-dlpack-ext each install ``build_backend.py``); the one unpacked last wins."""
+    claims = {}
+    for name, rows in records.items():
+        for rel, want, size in rows:
+            claims.setdefault(os.path.normpath(os.path.join(site, rel)), []).append((name, want, size))
+    return {path: owners for path, owners in claims.items() if len({owner[0] for owner in owners}) > 1}
+
+
+def shared_lines(site, shared, verify="record", digests=None) -> list:
+    """One line per shared file: who installs it and whose RECORD it matches (``edited`` drift when none)."""
+    if verify == "none":
+        return []
+    lines = []
+    for path, owners in sorted(shared.items()):
+        names = sorted({owner[0] for owner in owners})
+        matching = sorted({n for n, h, s in owners if file_state(path, h, s, verify, digests) is None})
+        rel = os.path.relpath(path, site)
+        matches = f"it matches {_and(matching)}'s RECORD" if matching else "it matches none of their RECORDs"
+        lines.append(f"{rel} is installed by {_and(names)}; {matches}")
+    return lines
+
+
+def _and(names) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def read_venv(venv, verify="record") -> dict:
-    """What a venv holds: ``{path, exists, distributions: {canon name: {name, version, problems}}}``."""
+    """What a venv holds: ``{path, exists, distributions: {canon name: {name, version, problems}}, shared: [words]}``.
+
+    ``shared`` says, once per file, which distributions install the same file and whose RECORD it matches."""
     if not venv or not os.path.isdir(venv):
-        return {"path": venv, "exists": False, "distributions": {}}
-    dists = {}
+        return {"path": venv, "exists": False, "distributions": {}, "shared": []}
+    dists, shared_words = {}, []
     for site in site_packages(venv):
+        found = []
         for entry in sorted(os.listdir(site)):
             if not entry.endswith(".dist-info"):
                 continue
             dist_info = os.path.join(site, entry)
             name, version = read_metadata(dist_info)
-            if not name:
+            if name:
+                found.append((dist_info, name, version))
+        records = {}
+        for dist_info, name, _version in found if verify != "none" else ():
+            try:
+                records[dist_info] = (canon(name), record_rows(dist_info))
+            except OSError:
                 continue
-            dists[canon(name)] = {
-                "name": name,
-                "version": version,
-                "problems": record_problems(site, dist_info, verify),
-            }
-    return {"path": venv, "exists": True, "distributions": dists}
+        shared = shared_files(site, dict(records.values()))
+        digests = {}
+        for dist_info, name, version in found:
+            if verify == "none":
+                problems = []
+            elif dist_info in records:
+                problems = rows_problems(site, records[dist_info][1], verify, shared, digests)
+            else:
+                problems = [(os.path.basename(dist_info) + "/RECORD", "missing")]
+            dists[canon(name)] = {"name": name, "version": version, "problems": problems}
+        shared_words += shared_lines(site, shared, verify, digests)
+    return {"path": venv, "exists": True, "distributions": dists, "shared": shared_words}
 
 
 def venv_item(observed, packages, skip=BOOTSTRAP, label="serving venv") -> dict:
-    """Judge a venv (``read_venv``) against the lock's packages ``[{name, version}]``."""
+    """Judge a venv (``read_venv``) against the lock's packages ``[{name, version}]``.
+
+    ``skip``: venv tooling (pip, setuptools, wheel) that a venv may hold beside the lock; a skipped name the lock pins
+    is judged like any other package (torch requires setuptools, so a real lock pins it)."""
     want = {canon(p["name"]): str(p["version"]) for p in packages}
     expected = {"path": observed.get("path"), "packages": len(want)}
     if not observed.get("exists"):
@@ -159,7 +237,7 @@ def venv_item(observed, packages, skip=BOOTSTRAP, label="serving venv") -> dict:
             {"path": observed.get("path"), "exists": False},
             [f"{label}: {observed.get('path') or 'none'} does not exist"],
         )
-    skipped = {canon(s) for s in skip}
+    skipped = {canon(s) for s in skip} - set(want)
     have = {k: v for k, v in observed["distributions"].items() if k not in skipped}
     drift = []
     for name in sorted(set(want) | set(have)):
@@ -175,6 +253,7 @@ def venv_item(observed, packages, skip=BOOTSTRAP, label="serving venv") -> dict:
         "path": observed["path"],
         "packages": len(have),
         "edited": sorted(k for k, v in have.items() if v["problems"]),
+        "shared": list(observed.get("shared") or []),
     }
     return item(label, expected, observed_view, drift)
 

@@ -122,6 +122,77 @@ def test_a_missing_venv_and_a_wrong_link(tmp_path):
     assert "is missing" in hm.venv_link_item("/opt/s/current", None, want, "lab-0123")["drift"][0]
 
 
+SETUPTOOLS = {"name": "setuptools", "version": "80.9.0"}
+
+
+def test_a_pinned_setuptools_is_judged_like_any_package(venv):
+    # torch requires setuptools, so a real lock pins it: in the venv at the lock's version the venv is in sync.
+    site = venv / "lib" / "python3.12" / "site-packages"
+    install(site, "setuptools", "80.9.0", {"setuptools/__init__.py": b"# 80.9.0\n"})
+    entry = hm.venv_item(hm.read_venv(str(venv)), [*LOCK, SETUPTOOLS])
+    assert entry["ok"] and entry["observed"]["packages"] == 3, entry  # pip is still venv tooling
+    # Unpinned, the same setuptools is venv tooling and not judged.
+    assert hm.venv_item(hm.read_venv(str(venv)), LOCK)["ok"]
+    assert hm.venv_item(hm.read_venv(str(venv)), [*LOCK, {"name": "setuptools", "version": "78.1.0"}])["drift"] == [
+        "serving venv: setuptools is 80.9.0, the lock wants 78.1.0"
+    ]
+    (site / "setuptools" / "__init__.py").write_bytes(b"# edited\n")
+    assert hm.venv_item(hm.read_venv(str(venv)), [*LOCK, SETUPTOOLS])["drift"] == [
+        "serving venv: setuptools 80.9.0: setuptools/__init__.py edited"
+    ]
+
+
+def test_a_pinned_setuptools_missing_from_the_venv_is_named(venv):
+    assert hm.venv_item(hm.read_venv(str(venv)), [*LOCK, SETUPTOOLS])["drift"] == [
+        "serving venv: setuptools 80.9.0 missing"
+    ]
+
+
+def shared_venv(tmp_path, first=b"# flashinfer's\n", last=b"# dlpack's\n"):
+    """Two distributions that each install site-packages/build_backend.py; the one installed last wins."""
+    root = tmp_path / "venvs" / "real"
+    site = root / "lib" / "python3.12" / "site-packages"
+    install(site, "flashinfer-python", "0.7.2", {"flashinfer/__init__.py": b"", "build_backend.py": first})
+    install(site, "torch-c-dlpack-ext", "0.1.5", {"torch_c_dlpack_ext/__init__.py": b"", "build_backend.py": last})
+    lock = [{"name": "flashinfer-python", "version": "0.7.2"}, {"name": "torch-c-dlpack-ext", "version": "0.1.5"}]
+    return root, site, lock
+
+
+@pytest.mark.parametrize("verify", ["record", "size"])
+def test_a_file_two_distributions_install_matches_either_record(tmp_path, verify):
+    root, _site, lock = shared_venv(tmp_path, last=b"# dlpack's, longer\n")
+    observed = hm.read_venv(str(root), verify)
+    entry = hm.venv_item(observed, lock)
+    assert entry["ok"], entry
+    assert (
+        observed["shared"]
+        == entry["observed"]["shared"]
+        == [
+            "build_backend.py is installed by flashinfer-python and torch-c-dlpack-ext; "
+            "it matches torch-c-dlpack-ext's RECORD"
+        ]
+    )
+
+
+def test_a_shared_file_that_matches_no_record_is_edited(tmp_path):
+    root, site, lock = shared_venv(tmp_path)
+    (site / "build_backend.py").write_bytes(b"# nobody's\n")
+    entry = hm.venv_item(hm.read_venv(str(root)), lock)
+    assert entry["drift"] == [
+        "serving venv: flashinfer-python 0.7.2: build_backend.py edited",
+        "serving venv: torch-c-dlpack-ext 0.1.5: build_backend.py edited",
+    ]
+    assert entry["observed"]["shared"] == [
+        "build_backend.py is installed by flashinfer-python and torch-c-dlpack-ext; it matches none of their RECORDs"
+    ]
+    # A file of one distribution only is not accepted by another's RECORD of a different path.
+    (site / "build_backend.py").write_bytes(b"# dlpack's\n")
+    (site / "flashinfer" / "__init__.py").write_bytes(b"# dlpack's\n")
+    assert hm.venv_item(hm.read_venv(str(root)), lock)["drift"] == [
+        "serving venv: flashinfer-python 0.7.2: flashinfer/__init__.py edited"
+    ]
+
+
 ENV = 'CUDA_HOME="/usr/local/cuda-13.0"\nPATH="/usr/local/cuda-13.0/bin:/usr/bin"\nSGLANG_X="1"\n'
 
 
