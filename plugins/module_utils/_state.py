@@ -21,31 +21,111 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._proc import stat_fields
 
-# Every phase a run records, in run order (recover: the rollback of an interrupted run; drain/undrain: taking the
-# host out of service and back, see the serving role).
-# The host serves until the drain: the toolkit and the new venv are prepared before it, the switch and the post-check
-# fall between drain and undrain.
-PHASES = (
-    "preflight",
-    "recover",
-    "assess",
-    "backup",
-    "cuda_toolkit",
-    "prepare",
-    "drain",
-    "venv_rebuild",
-    "postcheck",
-    "undrain",
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a host's upgrade: the one table the playbook runs (filter upgrade_phases), the state file
+    records and a failure is judged by (plugin_utils/_outcome.py classify_failure)."""
+
+    name: str
+    # The role entry points it runs, in order: "role" (tasks/main.yml) or "role:entry point".
+    steps: tuple
+    # The test-only fault hook that follows it (gpufleet_fault_inject), "" for none.
+    hook: str = ""
+    # What of it the state file records: phases that change nothing record nothing, so a run on a host in sync
+    # writes nothing; the drain's end is recorded by the switch phase's start, which follows it at once.
+    record: tuple = ("started", "completed")
+    # It may move the host towards the profile: it runs only on a host the model (phase assess) found drifted.
+    changes_host: bool = True
+    # The host is out of service when it ends (between the drain and the undrain): no run may stop after it.
+    drained: bool = False
+    # The outcome kind of a failure in it, and of one after it completed (its test hook, the next phase's start).
+    fails_as: tuple = ("rolled_back", "rolled_back")
+
+
+# The host serves until the drain: its toolkit is installed and its new venv built and verified before it, the switch
+# and the post-check fall between drain and undrain. recover is the rollback of an interrupted run.
+PHASE_TABLE = (
+    Phase("preflight", ("preflight",), record=(), changes_host=False, fails_as=("failed_preflight",) * 2),
+    Phase(
+        "recover",
+        ("rollback:recover",),
+        hook="after_preflight",
+        record=(),
+        changes_host=False,
+        # Once it completed the host is back at a verified backup and this run changed nothing yet.
+        fails_as=("rollback_failed", "failed_preflight"),
+    ),
+    # The host model: in sync -> nothing more runs ("already at"); drifted -> the phases below repair or upgrade.
+    Phase("assess", ("assess",), record=(), changes_host=False, fails_as=("failed_preflight",) * 2),
+    # The old stack's benchmark comes first, so the backup keeps it. Until the backup completed only its folder was
+    # written; from then on the host may change, whatever fails next.
+    Phase(
+        "backup",
+        ("postcheck:baseline", "backup"),
+        hook="after_backup",
+        fails_as=("failed_before_change", "rolled_back"),
+    ),
+    Phase("cuda_toolkit", ("cuda_toolkit",), hook="after_toolkit"),
+    # The new venv built and verified beside the old one; serving:prepare checks the serving settings and creates
+    # their folder, so the switch only writes the files.
+    Phase("prepare", ("venv_rebuild:prepare", "serving:prepare")),
+    Phase("drain", ("serving:drain",), hook="after_drain", record=("started",), drained=True),
+    # Reuses the verified venv, writes the unit for the new stack, switches current and restarts once.
+    Phase("venv_rebuild", ("venv_rebuild",), hook="after_venv", drained=True),
+    Phase("postcheck", ("postcheck",), hook="after_postcheck", drained=True),
+    Phase("undrain", ("serving:undrain",)),
 )
-RESULTS = ("in_progress", "upgraded", "repaired", "rolled_back", "rollback_failed", "failed_preflight", "failed")
+# Every phase a run records, in run order.
+PHASES = tuple(phase.name for phase in PHASE_TABLE)
+# Where a run may stop (gpufleet_stop_after) with the host serving its old stack: the phases before the drain.
+STOP_POINTS = PHASES[: PHASES.index(next(p.name for p in PHASE_TABLE if p.drained))]
+# prepared / stopped: the run stopped where gpufleet_stop_after told it to, the host still serving its old stack.
+RESULTS = (
+    "in_progress",
+    "upgraded",
+    "repaired",
+    "prepared",
+    "stopped",
+    "rolled_back",
+    "rollback_failed",
+    "failed_preflight",
+    "failed",
+)
 STATE_VERSION = 1
 
 
 class StateError(Exception):
     """A lock or state file that cannot be used as it is."""
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def phases_until(stop_after=""):
+    """The phases a run goes through: all of them, or those up to and including ``stop_after`` (a stop point).
+
+    StateError names the value and the stop points when ``stop_after`` is none of them.
+    """
+    stop_after = "" if stop_after is None else stop_after
+    if stop_after == "":
+        return PHASE_TABLE
+    if not isinstance(stop_after, str) or stop_after not in STOP_POINTS:
+        raise StateError(
+            f"gpufleet_stop_after is {stop_after!r}, not a phase a run can stop after with the host still serving its "
+            f"old stack ({', '.join(STOP_POINTS)}); nothing was changed; fix: set one of them (prepare: build and "
+            "verify the new stack, drain nothing), or leave gpufleet_stop_after unset for the whole upgrade"
+        )
+    return PHASE_TABLE[: PHASES.index(stop_after) + 1]
+
+
+def stop_result(stop_after) -> str:
+    """What the state file records for a run that stopped after ``stop_after`` (a stop point)."""
+    return "prepared" if phases_until(stop_after)[-1].name == "prepare" else "stopped"
 
 
 # --------------------------------------------------------------------------- files
@@ -276,6 +356,8 @@ def decide_recovery(state, run_id):
 
 # Results after which the host runs what its run installed: the backup that run recorded is the way back.
 MOVED_RESULTS = ("upgraded", "repaired", "in_progress")
+# Results after which the host serves what it served before the run: refused, or stopped before the drain.
+KEPT_RESULTS = ("failed_preflight", "failed", "prepared", "stopped")
 
 
 def recorded_backup(state):
@@ -285,8 +367,8 @@ def recorded_backup(state):
     before it; a rollback's record names the backup it restored, which is where the host is now, so no way back.
     A run refused before any change defers to the run before it.
     """
-    if state and state.get("result") in ("failed_preflight", "failed"):
-        # A run that changed nothing: the run before it (its record's last_run) says where the host is.
+    if state and state.get("result") in KEPT_RESULTS:
+        # A run that left the serving stack as it was: the run before it (its record's last_run) says where the host is.
         return recorded_backup(state.get("last_run"))
     if not state or state.get("result") not in MOVED_RESULTS:
         return None

@@ -7,14 +7,18 @@ The upgrade's safety contract lives here, not in Jinja: which phase a failure be
 had changed (and so must be rolled back), what the outcome is called, and the host's report. The playbooks
 call it through the filters of ``plugins/filter/outcome.py``; the summary callback reads the same kinds.
 
-A host's run is a sequence of phases (``_state.PHASES``; ``recover`` is the rollback of an interrupted
+A host's run is a sequence of phases (``_state.PHASE_TABLE``; ``recover`` is the rollback of an interrupted
 run). A failure is judged by the phase that was running and whether that phase had completed (a failure
-after a completed phase came from the test hook or the next phase's start, not from the phase itself):
+after a completed phase came from the test hook or the next phase's start, not from the phase itself); the
+table says, per phase, the outcome kind of each (``Phase.fails_as``):
 
-* in ``preflight``, or in ``recover`` after it completed -> nothing was changed: "failed preflight";
+* in ``preflight`` or ``assess``, or in ``recover`` after it completed -> nothing was changed: "failed preflight";
 * in ``recover`` before it completed -> the rollback of the interrupted run failed: "ROLLBACK FAILED";
 * in ``backup`` before it completed -> only the backup folder was written: "failed before any change";
 * anywhere later -> the host may have changed: it is rolled back to this run's backup.
+
+A run told to stop after a phase (``gpufleet_stop_after``, one of ``_state.STOP_POINTS``) ends "prepared for
+<profile> (not switched)" after ``prepare``, else "stopped after <phase> ...": the host serves its old stack.
 """
 
 from __future__ import annotations
@@ -24,8 +28,16 @@ from dataclasses import dataclass
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state
 
-# Phases that run before the host may change; a failure in them needs no rollback.
-NO_CHANGE_PHASES = ("preflight", "recover", "assess")
+# Phases that run before the host may change (the table's changes_host); a failure in them needs no rollback.
+NO_CHANGE_PHASES = tuple(phase.name for phase in _state.PHASE_TABLE if not phase.changes_host)
+# How each kind a failure may have is answered: report only, restore this run's backup, or the interrupted run's
+# rollback failed.
+FAILURE_ACTIONS = {
+    "failed_preflight": "refuse",
+    "failed_before_change": "refuse",
+    "rolled_back": "rollback",
+    "rollback_failed": "recovery_failed",
+}
 # Phase order in reports (the summary prints phases in this order).
 REPORT_ORDER = (*_state.PHASES, "rollback")
 REASON_LIMIT = 400
@@ -58,6 +70,15 @@ KINDS = {
     "rollback_failed": Kind("ROLLBACK FAILED", "ROLLBACK FAILED: {detail}", False, True, "rollback_failed"),
     # Check mode: a phase after the backup failed; no backup was taken and nothing changed, so nothing is rolled back.
     "would_fail": Kind("would fail", "would fail (check mode: nothing changed): {detail}", False, True, None),
+    # gpufleet_stop_after: the run stopped before the drain, as told; the host serves its old stack.
+    "prepared": Kind("prepared for", "prepared for {detail} (not switched)", True, False, "prepared"),
+    "would_prepare": Kind(
+        "would prepare", "would prepare for {detail} (check mode: nothing changed)", True, False, None
+    ),
+    "stopped": Kind("stopped after", "stopped after {detail} (not switched)", True, False, "stopped"),
+    "would_stop": Kind(
+        "would stop after", "would stop after {detail} (check mode: nothing changed)", True, False, None
+    ),
     "not_started": Kind("not started", "not started: {detail}", False, False, None),
     # The inventory set gpufleet_skip for the host: nothing ran on it, by the operator's choice.
     "skipped": Kind("skipped by operator", "skipped by operator ({detail})", True, False, None),
@@ -113,6 +134,18 @@ def run_outcome(assess, profile, check_mode=False) -> dict:
     return outcome("would_upgrade" if check_mode else "upgraded")
 
 
+def stopped_outcome(assess, profile, stop_after, check_mode=False) -> dict:
+    """How a host ends a run told to stop after ``stop_after`` (a stop point, _state.STOP_POINTS): already at the
+    profile when the model found it in sync (nothing ran after it), else prepared (after ``prepare``: the new stack
+    built and verified beside the old one) or stopped after the phase; the check-mode words for both."""
+    result = _state.stop_result(stop_after)
+    if isinstance(assess, dict) and assess.get("in_sync"):
+        return outcome("in_sync", profile)
+    if result == "prepared":
+        return outcome("would_prepare" if check_mode else "prepared", profile)
+    return outcome("would_stop" if check_mode else "stopped", f"{stop_after} of the upgrade to {profile}")
+
+
 def failure_reason(task_name, result) -> str:
     """One line saying what failed: the task's name and its message (every failed loop item's), stderr added."""
     result = result if isinstance(result, dict) else {}
@@ -134,16 +167,18 @@ def classify_failure(phase, completed, check_mode=False) -> dict:
     """
     phase = str(phase or "preflight")
     completed = bool(completed)
-    if phase == "recover" and not completed:
-        return {"failed_phase": "recover", "action": "recovery_failed", "kind": "rollback_failed"}
-    if phase in NO_CHANGE_PHASES:
-        return {"failed_phase": "preflight", "action": "refuse", "kind": "failed_preflight"}
-    if phase == "backup" and not completed:
-        return {"failed_phase": "backup", "action": "refuse", "kind": "failed_before_change"}
-    failed_phase = f"after {phase}" if completed else phase
-    if check_mode:
+    spec = next((p for p in _state.PHASE_TABLE if p.name == phase), None)
+    # A phase the table does not know (none should reach here) may have changed the host: roll back.
+    kind = spec.fails_as[1 if completed else 0] if spec else "rolled_back"
+    if kind == "failed_preflight":
+        failed_phase = "preflight"
+    elif kind == "rolled_back":
+        failed_phase = f"after {phase}" if completed else phase
+    else:
+        failed_phase = phase
+    if kind == "rolled_back" and check_mode:
         return {"failed_phase": failed_phase, "action": "refuse", "kind": "would_fail"}
-    return {"failed_phase": failed_phase, "action": "rollback", "kind": "rolled_back"}
+    return {"failed_phase": failed_phase, "action": FAILURE_ACTIONS[kind], "kind": kind}
 
 
 def _tok_s(bench):
