@@ -5,12 +5,16 @@
 Usage: python verify_venv.py SPEC_JSON [UV] -> prints one JSON object; exit 1 when a check fails.
 With UV (path of uv), also runs ``uv pip check`` on this venv.
 SPEC: {"packages": {name: version}, "imports": [dist], "torch_like": [dist], "cuda_version": "13.0",
-       "local_tags": {dist: tag}, "same_version": [[dist, ...]], "overrides": [dist]}
+       "local_tags": {dist: tag}, "same_version": [[dist, ...]], "overrides": [dist], "gpu_required": bool}
 "overrides" names the packages the profile's wheels.overrides pins (uv --override): uv pip check knows no
 overrides, so a conflict it reports on such a package is accepted (and listed) when the installed version is the
 lock's, which the packages check proves; every other conflict fails.
 Besides "imports", every installed distribution with compiled code that requires torch is imported too
 (``compiled_extensions_of``): a torchvision built for another torch fails there, not at the server's start.
+Some compiled packages (sgl-kernel, flash-mla) link the NVIDIA driver's libcuda.so.1 and cannot be imported where
+the driver is not installed. With "gpu_required" false (a host that serves without a GPU) such an import is listed
+under checks "not_judged", not failed; with a GPU required it fails, naming the missing driver library. Any other
+import error fails.
 """
 
 from __future__ import annotations
@@ -74,6 +78,43 @@ def compiled_extensions_of(base="torch"):
     return sorted(found)
 
 
+# The NVIDIA driver's user-space library, as the dynamic loader names it in the error of a failed import.
+_DRIVER_LIBRARY = re.compile(r"\blibcuda\.so(?:\.[0-9]+)*")
+NOT_JUDGED = "needs the NVIDIA driver ({}), not judged on this host"
+
+
+def missing_driver_library(exc):
+    """The driver library (``libcuda.so.1``) an import error names, or None when the error is about anything else.
+
+    Only the loader's errors count (ImportError, OSError, also where a package re-raised them): a package that fails
+    for another reason fails the venv wherever it runs."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ImportError, OSError)):
+            match = _DRIVER_LIBRARY.search(str(exc))
+            if match:
+                return match.group(0)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def judge_import_error(mod, name, exc, gpu_required, why=""):
+    """``(failure, not_judged)`` of a failed import: one of them is None."""
+    said = f"{type(exc).__name__}: {exc}"
+    library = missing_driver_library(exc)
+    if library and not gpu_required:
+        return None, f"{NOT_JUDGED.format(library)} (from {name}: {said})"
+    if library:
+        return (
+            f"import {mod} (from {name}) failed: the NVIDIA driver library {library} is missing on this host, which"
+            f" must have a GPU ({said}); fix: install the NVIDIA driver, or set gpufleet_gpu_required false for a"
+            " host that serves without a GPU",
+            None,
+        )
+    return f"import {mod} (from {name}{why}) failed: {said}", None
+
+
 _CONFLICT = re.compile(r"^The package `(?P<by>[^`]+)` requires `(?P<req>[^`]+)`, but `(?P<have>[^`]+)` is installed$")
 
 
@@ -117,7 +158,7 @@ def main(spec_text, uv=None):
         local = have.split("+", 1)[1] if "+" in have else ""
         if local != tag:
             failures.append(f"{name} {have}: CUDA local tag {local or '(none)'!r}, the profile requires {tag!r}")
-    modules = {}
+    modules, not_judged = {}, {}
     extensions = [n for n in compiled_extensions_of() if n not in {canon(i) for i in spec.get("imports", [])}]
     checks["torch_extensions"] = extensions
     for name in list(spec.get("imports", [])) + extensions:
@@ -136,10 +177,15 @@ def main(spec_text, uv=None):
                     if name in extensions
                     else ""
                 )
-                failures.append(f"import {mod} (from {name}{why}) failed: {type(exc).__name__}: {exc}")
+                failure, unjudged = judge_import_error(mod, name, exc, spec.get("gpu_required", True), why)
+                if failure:
+                    failures.append(failure)
+                else:
+                    not_judged[mod] = unjudged
+    checks["not_judged"] = not_judged
     checks["imports"] = modules
     for name in spec.get("torch_like", []):
-        for mod in modules.get(name, []):
+        for mod in (m for m in modules.get(name, []) if m not in not_judged):
             try:
                 cuda = importlib.import_module(f"{mod}.version").cuda
             except Exception as exc:

@@ -61,6 +61,18 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def lock_entries(wheels):
+    return [
+        {
+            "name": w.name.split("-")[0].replace("_", "-"),
+            "version": w.name.split("-")[1],
+            "filename": w.name,
+            "sha256": sha(w),
+        }
+        for w in wheels
+    ]
+
+
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         return
@@ -315,15 +327,7 @@ def test_every_compiled_extension_of_torch_is_imported_not_only_the_profile_s(ho
         make_wheel(root, "gf_extra", "1.0", requires=['torch; extra == "gpu"'], extra=broken_so),
     ]
     spec = spec_for(host, wheels[0], base)
-    entries = [
-        {
-            "name": w.name.split("-")[0].replace("_", "-"),
-            "version": w.name.split("-")[1],
-            "filename": w.name,
-            "sha256": sha(w),
-        }
-        for w in wheels
-    ]
+    entries = lock_entries(wheels)
     spec.update(wheels=entries, lock_text=_lock.requirements_text(entries))
     spec["verify"] = {"packages": {e["name"]: e["version"] for e in entries}, "imports": ["torch"]}
     answer = vh.build(spec)
@@ -349,3 +353,97 @@ def test_a_step_past_its_time_limit_is_named_with_the_limit():
     assert err.value.step == "sync"
     assert "did not finish within 1 s" in err.value.error
     assert "unpacking" in err.value.output
+
+
+# The loader's words when a library linked to the NVIDIA driver is imported on a host without it (sgl_kernel's
+# common_ops, flash_mla's extension).
+NO_DRIVER = "libcuda.so.1: cannot open shared object file: No such file or directory"
+
+
+def test_imports_that_need_the_driver_are_not_judged_on_a_host_without_a_gpu(host, cache):
+    root, base = cache
+    wheels = [
+        make_wheel(root, "torch", "2.14.1"),
+        # An extension module the loader cannot link: ImportError naming libcuda.so.1, raised where it is imported.
+        make_wheel(
+            root,
+            "gf_kernel",
+            "0.4.10",
+            extra={
+                "__init__.py": b"from . import common_ops\n",
+                "common_ops.py": f"raise ImportError({NO_DRIVER!r})\n".encode(),
+            },
+        ),
+        # A library opened with ctypes: the loader's own OSError (no driver is looked for at this path anywhere).
+        make_wheel(
+            root,
+            "gf_mla",
+            "1.0",
+            extra={"__init__.py": b"import ctypes\nctypes.CDLL('/nonexistent-driver/libcuda.so.1')\n"},
+        ),
+    ]
+    spec = spec_for(host, wheels[0], base)
+    entries = lock_entries(wheels)
+    spec.update(wheels=entries, lock_text=_lock.requirements_text(entries))
+    names = [e["name"] for e in entries]
+    spec["verify"] = {"packages": {e["name"]: e["version"] for e in entries}, "imports": names, "gpu_required": False}
+    answer = vh.build(spec)
+    assert answer["ok"], answer
+    assert sorted(answer["not_judged"]) == ["gf_kernel", "gf_mla"], answer
+    assert answer["not_judged"] == answer["verify"]["checks"]["not_judged"]
+    assert answer["not_judged"]["gf_kernel"].startswith(
+        "needs the NVIDIA driver (libcuda.so.1), not judged on this host (from gf-kernel: ImportError: libcuda.so.1"
+    ), answer
+    assert "OSError" in answer["not_judged"]["gf_mla"], answer
+    # A GPU required (or not said): the same imports fail, naming the missing driver library.
+    unsaid = {k: v for k, v in spec["verify"].items() if k != "gpu_required"}
+    for verify in ({**spec["verify"], "gpu_required": True}, unsaid):
+        verified = vh.verify({**spec, "verify": verify}, UV)
+        assert not verified["ok"] and verified["checks"]["not_judged"] == {}, verified
+        assert [f.split(" failed: ")[0] for f in verified["failures"]] == [
+            "import gf_kernel (from gf-kernel)",
+            "import gf_mla (from gf-mla)",
+        ], verified
+        assert all("the NVIDIA driver library libcuda.so.1 is missing" in f for f in verified["failures"]), verified
+
+
+def test_an_import_error_about_another_library_fails_without_a_gpu_too(host, cache):
+    root, base = cache
+    broken = {"__init__.py": b"raise ImportError('libnuma.so.1: cannot open shared object file: No such file')\n"}
+    wheels = [make_wheel(root, "gf_other", "1.0", extra=broken)]
+    spec = spec_for(host, wheels[0], base)
+    entries = lock_entries(wheels)
+    spec.update(wheels=entries, lock_text=_lock.requirements_text(entries))
+    spec["verify"] = {"packages": {"gf-other": "1.0"}, "imports": ["gf-other"], "gpu_required": False}
+    answer = vh.build(spec)
+    assert not answer["ok"] and answer["failed_step"] == "verify", answer
+    assert answer["verify"]["failures"] == [
+        "import gf_other (from gf-other) failed: ImportError: libnuma.so.1: cannot open shared object file: "
+        "No such file"
+    ]
+    assert answer["verify"]["checks"]["not_judged"] == {}
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["lock pins setuptools", "lock without setuptools"])
+def test_an_in_sync_venv_is_in_sync_with_and_without_setuptools_in_the_lock(host, cache, pinned):
+    from ansible_collections.gpufleet.upgrade.plugins.module_utils import _host_model as hm
+
+    root, base = cache
+    wheels = [make_wheel(root)] + ([make_wheel(root, "setuptools", "80.9.0")] if pinned else [])
+    spec = spec_for(host, wheels[0], base)
+    entries = lock_entries(wheels)
+    spec.update(wheels=entries, lock_text=_lock.requirements_text(entries))
+    spec["verify"] = {"packages": {e["name"]: e["version"] for e in entries}, "imports": ["gf-probe"]}
+    assert vh.build(spec)["ok"]
+    os.symlink(spec["venv"], host["serving"] / "current")
+    installed = vh.inspect(str(host["serving"]), str(host["tools"]), sys.executable, str(host["wheelhouse"]))[
+        "installed"
+    ]
+    assert installed == sorted(f"{e['name']}=={e['version']}" for e in entries)
+    lists = _lock.package_lists(installed, entries)
+    assert lists["before"] == lists["after"], "the diff of an in-sync venv is not empty"
+    assert hm.venv_item(hm.read_venv(spec["venv"]), entries)["ok"]
+    # The build's verify judges a pinned setuptools like any package.
+    if pinned:
+        spec["verify"]["packages"]["setuptools"] = "81.0.0"
+        assert vh.verify(spec, UV)["failures"] == ["setuptools: installed 80.9.0, the lock says 81.0.0"]
