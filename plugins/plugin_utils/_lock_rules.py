@@ -14,7 +14,9 @@ starts:
   (``wheels.rules.companions``) and from the companion's own METADATA (an exact ``Requires-Dist: torch==X``).
 - packages built for different CUDA majors: a cu128 companion beside a cu130 torch, ``nvidia-*-cu12`` libraries
   beside the CUDA 13 ones. Every package built for a CUDA release must be built for the profile's
-  ``cuda.version`` major, unless ``wheels.rules.cuda_exceptions`` allows it with a reason.
+  ``cuda.version`` major, unless ``wheels.rules.cuda_exceptions`` allows it with a reason. A package whose name and
+  version say nothing of CUDA (sglang-kernel 0.4.10) is judged, where its wheel is on the controller, by the CUDA
+  libraries its shared objects link (``_elf``: ``libcudart.so.13`` is CUDA 13's).
 
 The dependency graph (who requires whom) comes from uv's own annotations of the same resolution
 (``parse_uv_graph``), so a refusal names the package and the chain that brought it in.
@@ -22,9 +24,11 @@ The dependency graph (who requires whom) comes from uv's own annotations of the 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._elf import HAS_ELFTOOLS, ElfReadError, wheel_cuda
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import HAS_PACKAGING, PlanError
 
 if HAS_PACKAGING:  # else the action plugin reports _wheels' import error before it plans anything
@@ -196,14 +200,54 @@ def own_cuda(name: str, version: str) -> tuple | None:
     return None
 
 
-def cuda_table(entries: list, graph: dict) -> dict:
-    """{package: {"version", "cuda" (major), "from"}} for every package of the lock built for a CUDA release."""
+def wheel_files(entries: list, wheelhouse: str | None) -> dict:
+    """{package: path} for the lock's compiled wheels present in the controller's wheelhouse."""
+    if not wheelhouse:
+        return {}
+    out = {}
+    for entry in entries:
+        path = os.path.join(wheelhouse, entry["filename"])
+        if is_platform_wheel(entry["filename"]) and os.path.isfile(path):
+            out[entry["name"]] = path
+    return out
+
+
+def _elf_wanted(entries: list, table: dict, files: dict) -> list:
+    """The entries whose CUDA only their shared objects can tell: a wheel on the controller, no CUDA in the name or
+    version, and not judged by what it requires (torch)."""
+    return [e for e in entries if e["name"] in files and e["name"] not in set(table) | BUILT_FOR_REQUIRED_CUDA]
+
+
+def unread_cuda(entries: list, table: dict, files: dict) -> list:
+    """The packages of _elf_wanted left unjudged because pyelftools is not installed on the controller."""
+    return [] if HAS_ELFTOOLS else [f"{e['name']} {e['version']}" for e in _elf_wanted(entries, table, files)]
+
+
+def linked_cuda(entries: list, table: dict, files: dict) -> None:
+    """Add to ``table`` the packages whose CUDA only their shared objects tell (the CUDA libraries their DT_NEEDED
+    entries name), for the wheels in ``files``."""
+    if not HAS_ELFTOOLS:
+        return
+    for entry in _elf_wanted(entries, table, files):
+        try:
+            found = wheel_cuda(files[entry["name"]])
+        except ElfReadError as exc:
+            raise LockRefused(f"{exc}: its CUDA cannot be judged. Fix: delete the file and plan again") from exc
+        if found:
+            table[entry["name"]] = {"version": entry["version"], "cuda": found[0], "from": f"from {found[1]}"}
+
+
+def cuda_table(entries: list, graph: dict, files: dict | None = None) -> dict:
+    """{package: {"version", "cuda" (major), "from"}} for every package of the lock built for a CUDA release.
+    ``files`` ({package: wheel path}, see wheel_files) lets the packages that carry no CUDA in their name or
+    version be judged by their shared objects (linked_cuda)."""
     versions = {e["name"]: e["version"] for e in entries}
     table = {}
     for entry in entries:
         found = own_cuda(entry["name"], entry["version"])
         if found:
             table[entry["name"]] = {"version": entry["version"], "cuda": found[0], "from": found[1]}
+    linked_cuda(entries, table, files or {})
     needs = requirements_of(graph)
     for entry in entries:
         if entry["name"] in table or entry["name"] not in BUILT_FOR_REQUIRED_CUDA:
@@ -367,14 +411,16 @@ def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
 # --- the verdict ------------------------------------------------------------------------------------------
 
 
-def judge_lock(entries: list, graph: dict, requires: dict, profile: dict) -> dict:
+def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelhouse: str | None = None) -> dict:
     """Judge a finished lock against the profile's rules. Returns the report part (``cuda``: per package the CUDA
-    it is built for; ``cuda_allowed``; ``companions``: the pairs checked); raises LockRefused naming every broken
-    rule, so a bad lock is never written."""
+    it is built for; ``cuda_allowed``; ``cuda_unread``: compiled wheels in ``wheelhouse`` whose shared objects could
+    not be read; ``companions``: the pairs checked); raises LockRefused naming every broken rule, so a bad lock is
+    never written. ``wheelhouse``: the controller's folder of the lock's wheels, where there are any yet."""
     rules = profile["wheels"].get("rules") or {}
     companions = companions_from_profile(rules)
     versions = {e["name"]: e["version"] for e in entries}
-    table = cuda_table(entries, graph)
+    files = wheel_files(entries, wheelhouse)
+    table = cuda_table(entries, graph, files)
     cuda_problems, allowed = judge_cuda(
         table, profile["cuda"]["version"], exceptions_from_profile(rules), graph, versions
     )
@@ -384,7 +430,12 @@ def judge_lock(entries: list, graph: dict, requires: dict, profile: dict) -> dic
         raise LockRefused(
             f"the lock for profile {profile['name']!r} was refused, nothing was written: " + " | ".join(problems)
         )
-    return {"cuda": table, "cuda_allowed": allowed, "companions": pairs}
+    return {
+        "cuda": table,
+        "cuda_allowed": allowed,
+        "cuda_unread": unread_cuda(entries, table, files),
+        "companions": pairs,
+    }
 
 
 def report_lines(rules_report: dict) -> list:
@@ -397,6 +448,12 @@ def report_lines(rules_report: dict) -> list:
             + ", ".join(f"{n} {r['version']} (CUDA {r['cuda']}, {r['from']})" for n, r in sorted(table.items()))
         )
     lines.extend(f"CUDA exception: {line}" for line in rules_report.get("cuda_allowed") or [])
+    if rules_report.get("cuda_unread"):
+        lines.append(
+            "CUDA not read from the shared objects of "
+            + ", ".join(rules_report["cuda_unread"])
+            + ": pyelftools is not installed on the controller (pip install pyelftools)"
+        )
     for pair in rules_report.get("companions") or []:
         lines.append(
             f"companion {pair['package']} {pair['version']} pairs with {pair['with']} {pair['with_version']}"
