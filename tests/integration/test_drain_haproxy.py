@@ -179,6 +179,9 @@ def test_rolling_upgrade_behind_haproxy_fails_no_request(fleet, balancer, run_pl
     }, outcomes
     assert outcomes[FAILING].startswith("rolled back: after postcheck"), outcomes
     assert "injected fault after_postcheck" in outcomes[FAILING], outcomes
+    # The rolled-back host's report says the rollback put it back in rotation, not only that it restored the backup.
+    undrain = report_of(result, FAILING)["phases"].get("undrain", "")
+    assert "ready" in undrain and FAILING in undrain, report_of(result, FAILING)["phases"]
     for node in fleet.nodes:
         drained = result.task("Take the host out of HAProxy's rotation", host=node)
         assert drained.changed and drained.res["previous"] == "ready", drained.res
