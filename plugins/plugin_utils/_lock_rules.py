@@ -438,6 +438,31 @@ def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelh
     }
 
 
+def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict | None = None) -> dict:
+    """The one-CUDA-major rule for the wheels whose CUDA only their shared objects tell, once the wheelhouse holds
+    the whole lock (a dependency's wheel is fetched after the lock is made, so judge_lock could not read it).
+    Returns the report part as judge_lock does (``cuda`` holds those packages only); raises LockRefused."""
+    versions = {e["name"]: e["version"] for e in entries}
+    table = {}
+    for entry in entries:
+        found = own_cuda(entry["name"], entry["version"])
+        if found or entry["name"] in BUILT_FOR_REQUIRED_CUDA:
+            table[entry["name"]] = None  # judged by judge_lock from its name, version or requirements
+    files = wheel_files(entries, wheelhouse)
+    linked_cuda(entries, table, files)
+    linked = {name: row for name, row in table.items() if row is not None}
+    rules = profile["wheels"].get("rules") or {}
+    problems, allowed = judge_cuda(
+        linked, profile["cuda"]["version"], exceptions_from_profile(rules), graph or {}, versions
+    )
+    if problems:
+        raise LockRefused(
+            f"the lock for profile {profile['name']!r} was refused after its wheels were fetched: "
+            + " | ".join(problems)
+        )
+    return {"cuda": linked, "cuda_allowed": allowed, "cuda_unread": unread_cuda(entries, table, files)}
+
+
 def report_lines(rules_report: dict) -> list:
     """Lines of the plan report: the CUDA each CUDA-built package is built for, and the companion pairs."""
     lines = []

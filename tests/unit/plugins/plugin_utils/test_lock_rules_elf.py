@@ -209,3 +209,26 @@ def test_without_pyelftools_the_wheels_left_unread_are_named(tmp_path, monkeypat
         "CUDA not read from the shared objects of sglang-kernel 0.4.10: pyelftools is not installed on the controller"
         " (pip install pyelftools)"
     )
+
+
+@needs_gcc
+def test_after_the_fetch_a_dependency_s_kernel_wheel_is_judged_by_its_libraries(tmp_path):
+    so = shared_object(tmp_path, "common_ops.so", ["libcudart.so.12"])
+    wheel(tmp_path, KERNEL_WHEEL, {"sgl_kernel/common_ops.so": so})
+    torch = "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+    wheel(tmp_path, torch, {"torch/lib/libtorch_cuda.so": b"not read"})
+    entries = [
+        entry("sglang-kernel", "0.4.10", KERNEL_WHEEL),
+        entry("torch", "2.14.1", torch),
+        entry("nvidia-cuda-runtime", "13.0.96", "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_28_x86_64.whl"),
+    ]
+    with pytest.raises(
+        lr.LockRefused,
+        match=r"refused after its wheels were fetched: sglang-kernel 0.4.10 is built"
+        r" for CUDA 12 \(from libcudart.so.12 in sgl_kernel/common_ops.so\)",
+    ):
+        lr.judge_linked_cuda(entries, profile(), str(tmp_path), {"sglang-kernel": ["sglang"]})
+    ok = lr.judge_linked_cuda(entries, profile(cuda="12.8"), str(tmp_path))
+    assert ok["cuda"] == {
+        "sglang-kernel": {"version": "0.4.10", "cuda": 12, "from": "from libcudart.so.12 in sgl_kernel/common_ops.so"}
+    }
