@@ -192,17 +192,22 @@ def test_a_damaged_kernel_wheel_refuses_the_lock(tmp_path):
         lr.judge_lock([entry("sglang-kernel", "0.4.10", KERNEL_WHEEL)], {}, {}, profile(), wheelhouse=str(tmp_path))
 
 
-def test_without_pyelftools_the_wheels_left_unread_are_named(tmp_path, monkeypatch):
-    wheel(tmp_path, KERNEL_WHEEL, {"sgl_kernel/common_ops.so": b"\x7fELF"})
-    monkeypatch.setattr(lr, "HAS_ELFTOOLS", False)
+def kernel_torch_lock(wheelhouse, kernel_so):
+    """A lock of a kernel wheel (holding ``kernel_so``), a CUDA 13 torch and its runtime, both wheels in
+    ``wheelhouse``; torch's shared object is no ELF file: torch is judged by the NVIDIA libraries it requires."""
+    wheel(wheelhouse, KERNEL_WHEEL, {"sgl_kernel/common_ops.so": kernel_so})
     torch = "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl"
-    wheel(tmp_path, torch, {"torch/lib/libtorch_cuda.so": b"\x7fELF"})
-    entries = [
+    wheel(wheelhouse, torch, {"torch/lib/libtorch_cuda.so": b"\x7fELF"})
+    return [
         entry("sglang-kernel", "0.4.10", KERNEL_WHEEL),
-        # torch is judged by the NVIDIA libraries it requires, never by its shared objects
         entry("torch", "2.14.1", torch),
         entry("nvidia-cuda-runtime", "13.0.96", "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_28_x86_64.whl"),
     ]
+
+
+def test_without_pyelftools_the_wheels_left_unread_are_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(lr, "HAS_ELFTOOLS", False)
+    entries = kernel_torch_lock(tmp_path, b"\x7fELF")
     report = lr.judge_lock(entries, {"nvidia-cuda-runtime": ["torch"]}, {}, profile(), wheelhouse=str(tmp_path))
     assert report["cuda_unread"] == ["sglang-kernel 0.4.10"]
     assert lr.report_lines(report)[-1] == (
@@ -213,15 +218,7 @@ def test_without_pyelftools_the_wheels_left_unread_are_named(tmp_path, monkeypat
 
 @needs_gcc
 def test_after_the_fetch_a_dependency_s_kernel_wheel_is_judged_by_its_libraries(tmp_path):
-    so = shared_object(tmp_path, "common_ops.so", ["libcudart.so.12"])
-    wheel(tmp_path, KERNEL_WHEEL, {"sgl_kernel/common_ops.so": so})
-    torch = "torch-2.14.1-cp312-cp312-manylinux_2_28_x86_64.whl"
-    wheel(tmp_path, torch, {"torch/lib/libtorch_cuda.so": b"not read"})
-    entries = [
-        entry("sglang-kernel", "0.4.10", KERNEL_WHEEL),
-        entry("torch", "2.14.1", torch),
-        entry("nvidia-cuda-runtime", "13.0.96", "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_28_x86_64.whl"),
-    ]
+    entries = kernel_torch_lock(tmp_path, shared_object(tmp_path, "common_ops.so", ["libcudart.so.12"]))
     with pytest.raises(
         lr.LockRefused,
         match=r"refused after its wheels were fetched: sglang-kernel 0.4.10 is built"
