@@ -31,6 +31,7 @@ class ActionModule(WheelAction):
             locks = [lf.entry_lock(doc, entry, path, wheelhouse) for entry in doc["entries"]]
             fetched = self._fetch(args, locks, wheelhouse) if args["fetch"] else []
             self._check_wheels(args, locks, wheelhouse, path)
+            _installed_sizes(locks, wheelhouse)
         except (lf.LockFileError, PlanError) as exc:
             return self.fail(result, str(exc))
         result.update(
@@ -64,3 +65,11 @@ class ActionModule(WheelAction):
             return  # the files named as fetched would be there after a real run
         gone = {lock["venv_name"]: verify_wheelhouse(lock, wheelhouse) for lock in locks}
         lf.refuse_missing(gone, f"the controller's wheelhouse {wheelhouse}", path)
+
+
+def _installed_sizes(locks, wheelhouse):
+    """Each entry's installed_size from the wheelhouse's copy (role preflight sizes the new venv from them); an entry
+    whose wheel is not there with its locked sha256 (a site cache serves it) has none."""
+    for lock in locks:
+        if any("installed_size" not in e for e in lock["packages"] + lock["tools"]):
+            verify_wheelhouse(lock, wheelhouse)

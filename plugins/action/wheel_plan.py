@@ -106,6 +106,9 @@ class ActionModule(WheelAction):
             tools=args["tools"],
             today=today,
             wheelhouse=wheelhouse if args["fetch"] and not self._task.check_mode else None,
+            # A cache, not the plan's output: check mode uses and fills it too (uv's pages, computed hashes).
+            cache_dir=os.path.join(os.path.dirname(wheelhouse), "cache"),
+            reuse_wheelhouse=wheelhouse,
         )
 
     def _plan_lock_file(self, result, args, profile, fetcher, wheelhouse, host):

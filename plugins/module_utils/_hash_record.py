@@ -19,7 +19,43 @@ def file_sha256(path: str, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-class HashRecord:
+class _Record:
+    """A JSON table in ``<folder>/<NAME>``, read once (an unreadable file is an empty table), written atomically."""
+
+    NAME = ""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.path = os.path.join(folder, self.NAME)
+        self._changed = False
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                table = json.load(handle)
+            self._table = {str(k): v for k, v in table.items() if self._valid(v)}
+        except (OSError, ValueError, AttributeError):
+            self._table = {}
+
+    @staticmethod
+    def _valid(entry) -> bool:
+        return True
+
+    def _kept(self) -> dict:
+        return self._table
+
+    def save(self) -> None:
+        """Write the record if it changed (atomically)."""
+        if not self._changed:
+            return
+        table = self._kept()
+        os.makedirs(self.folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".record-")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(table, handle, sort_keys=True, indent=1)
+        os.replace(tmp, self.path)
+        self._changed = False
+
+
+class HashRecord(_Record):
     """The sha256 of a folder's files as they were when hashed, kept in ``<folder>/.gpufleet-sha256.json`` by file
     name with size and mtime (the hosts keep the same record of their wheelhouse, roles/venv_rebuild/files/
     venv_host.py): a file that kept its size and mtime is not read again, so a plan or an audit does not hash the
@@ -29,16 +65,9 @@ class HashRecord:
 
     NAME = ".gpufleet-sha256.json"
 
-    def __init__(self, folder: str):
-        self.folder = folder
-        self.path = os.path.join(folder, self.NAME)
-        self._changed = False
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                table = json.load(handle)
-            self._table = {str(k): list(v) for k, v in table.items() if isinstance(v, list) and len(v) == 3}
-        except (OSError, ValueError, AttributeError):
-            self._table = {}
+    @staticmethod
+    def _valid(entry) -> bool:
+        return isinstance(entry, list) and len(entry) == 3
 
     def _stamp(self, name: str) -> list:
         st = os.stat(os.path.join(self.folder, name))
@@ -60,14 +89,41 @@ class HashRecord:
         self._table[name] = [*self._stamp(name), digest]
         self._changed = True
 
-    def save(self) -> None:
-        """Write the record if it changed (atomically; files that are gone are dropped)."""
-        if not self._changed:
+    def _kept(self) -> dict:
+        # Files that are gone are dropped.
+        return {n: e for n, e in self._table.items() if os.path.exists(os.path.join(self.folder, n))}
+
+
+class UrlHashRecord(_Record):
+    """The sha256 the controller computed for files an index lists without one, kept in ``<folder>/url-sha256.json``
+    by URL with what the index served the file with (size, ETag, Last-Modified): a later plan, check mode included,
+    takes the recorded hash instead of downloading the file again while the index serves the file with the same
+    size, ETag and Last-Modified (at least one of them given). A file served otherwise is downloaded and hashed anew.
+    The download into the wheelhouse checks the file against the locked hash in any case."""
+
+    NAME = "url-sha256.json"
+    STAMP_KEYS = ("size", "etag", "last_modified")
+
+    @staticmethod
+    def _valid(entry) -> bool:
+        return isinstance(entry, dict) and bool(entry.get("sha256"))
+
+    @classmethod
+    def usable(cls, stamp: dict) -> bool:
+        return any(stamp.get(k) for k in cls.STAMP_KEYS)
+
+    def get(self, url: str, stamp: dict) -> str | None:
+        """The recorded sha256 of ``url`` when the index serves it as it did then, else None."""
+        entry = self._table.get(url)
+        if not entry or not self.usable(stamp):
+            return None
+        if any(str(entry.get(k) or "") != str(stamp.get(k) or "") for k in self.STAMP_KEYS):
+            return None
+        return entry["sha256"]
+
+    def put(self, url: str, stamp: dict, digest: str) -> None:
+        """Record the sha256 computed for ``url`` as served with ``stamp`` (not kept when the index gave no stamp)."""
+        if not self.usable(stamp):
             return
-        table = {n: e for n, e in self._table.items() if os.path.exists(os.path.join(self.folder, n))}
-        os.makedirs(self.folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".sha256-")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(table, handle, sort_keys=True)
-        os.replace(tmp, self.path)
-        self._changed = False
+        self._table[url] = {**{k: stamp.get(k) for k in self.STAMP_KEYS}, "sha256": digest}
+        self._changed = True

@@ -12,7 +12,10 @@ What real indexes do that a listing must survive:
 - an index answers 403, not 404, for a project it does not carry (PyTorch's): the listing is empty and the index
   is noted as not carrying it (``Fetcher.not_carried``), the plan goes on with the other indexes;
 - a link may carry no sha256 (PyTorch's nightly pages carry none): the file is downloaded once on the
-  controller and hashed (``settle_hashes``), and that hash is locked.
+  controller and hashed (``settle_hashes``), and that hash is locked, marked as computed by the controller. The hash
+  is recorded in the controller's cache (``UrlHashRecord``) with the size, ETag and Last-Modified the index served
+  the file with: a later plan (check mode too) asks for those with one HEAD request and downloads nothing while
+  they are the same.
 """
 
 from __future__ import annotations
@@ -44,7 +47,11 @@ except ImportError:  # the planner runs on the controller; callers check HAS_PAC
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord, file_sha256
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import (
+    HashRecord,
+    UrlHashRecord,
+    file_sha256,
+)
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
     Candidate,
     PlanError,
@@ -77,6 +84,7 @@ class Fetcher:
         self.bytes_in = 0
         self.downloads = []
         self.not_carried = {}  # (index, canonical project) -> "HTTP 403"
+        self.unhashed_hosts = set()  # hosts that listed a file without a sha256 (uv hashes such files itself)
         self._lock = threading.Lock()
 
     def _count(self, requests=0, nbytes=0):
@@ -121,8 +129,12 @@ class Fetcher:
             ) from exc
         self._count(nbytes=len(body))
         if JSON_TYPE in ctype:
-            return collapse_republished(parse_project_json(json.loads(body), final, index))
-        return collapse_republished(parse_project_html(body.decode("utf-8", "replace"), final, index))
+            cands = parse_project_json(json.loads(body), final, index)
+        else:
+            cands = parse_project_html(body.decode("utf-8", "replace"), final, index)
+        with self._lock:
+            self.unhashed_hosts.update(urllib.parse.urlsplit(c.url).netloc for c in cands if not c.sha256)
+        return collapse_republished(cands)
 
     def date_undated(self, cands: list) -> None:
         """Give candidates without upload-time or dev date the file's Last-Modified: one HEAD request each,
@@ -145,6 +157,21 @@ class Fetcher:
             return email.utils.parsedate_to_datetime(stamp).astimezone(_dt.timezone.utc) if stamp else None
         except (TypeError, ValueError):
             return None
+
+    def served_stamp(self, url: str) -> dict:
+        """What the index serves ``url`` with (one HEAD request): size (Content-Length), ETag and Last-Modified;
+        an empty dict when it does not answer."""
+        try:
+            with self._open(url, method="HEAD") as resp:
+                headers = resp.headers
+                length = headers.get("Content-Length")
+                return {
+                    "size": int(length) if length and length.isdigit() else None,
+                    "etag": headers.get("ETag"),
+                    "last_modified": headers.get("Last-Modified"),
+                }
+        except (urllib.error.URLError, OSError):
+            return {}
 
     def metadata(self, cand: Candidate) -> Metadata:
         """The wheel's METADATA: PEP 658 file when offered, else read from the zip's tail with HTTP ranges."""
@@ -247,49 +274,69 @@ def collapse_republished(cands: list) -> list:
     return [c for _p, c in sorted(kept, key=lambda pc: pc[0])]
 
 
-def settle_hashes(fetcher: Fetcher, chosen: dict, wheelhouse: str | None, record: HashRecord | None) -> dict:
-    """Download the chosen wheels whose listing does not settle their hash: a link without a sha256 (hashed here)
-    and a republished file name (checked against every hash listed for it). Each is downloaded once, into the
-    wheelhouse when there is one (the fetch then reuses it), else into a temporary folder removed afterwards, and
-    its ``sha256`` set to the hash the file has. Returns per chosen key what was done, for the report."""
+def settle_hashes(
+    fetcher: Fetcher,
+    chosen: dict,
+    wheelhouse: str | None,
+    record: HashRecord | None,
+    computed: UrlHashRecord | None = None,
+) -> dict:
+    """Settle the hash of the chosen wheels whose listing does not: a link without a sha256 (hashed here) and a
+    republished file name (checked against every hash listed for it). A hash ``computed`` recorded for the URL as
+    the index still serves it is taken as it is (one HEAD request, no download). Otherwise the file is downloaded
+    once, into the wheelhouse when there is one (the fetch then reuses it), else into a temporary folder removed
+    afterwards, and the hash it has is recorded in ``computed``. Each ``sha256`` is set to the hash of the served
+    file. Returns per chosen key what was done, for the report."""
     todo = {k: c for k, c in chosen.items() if not c.sha256 or c.listed_hashes}
     notes = {}
     if not todo:
         return notes
     with tempfile.TemporaryDirectory(prefix="gpufleet-hash-") as scratch:
         for key, cand in todo.items():
-            folder = wheelhouse or scratch
             accept = cand.listed_hashes or ((cand.sha256,) if cand.sha256 else ())
-            fetched, sha = fetcher.download_verified(
-                cand.url, os.path.join(folder, cand.filename), accept, record if wheelhouse else None
-            )
-            if cand.listed_hashes:
-                notes[key] = {
-                    "kind": "republished",
-                    "filename": cand.filename,
-                    "index": cand.index,
-                    "listed": list(cand.listed_hashes),
-                    "entry": cand.listed_hashes.index(sha) + 1,
-                    "sha256": sha,
-                }
-            else:
-                notes[key] = {"kind": "unhashed", "filename": cand.filename, "index": cand.index, "sha256": sha}
-            notes[key]["downloaded"] = fetched
+            stamp = fetcher.served_stamp(cand.url) if computed is not None else {}
+            sha = computed.get(cand.url, stamp) if computed is not None else None
+            fetched = False
+            if sha is None or (accept and sha not in accept):
+                folder = wheelhouse or scratch
+                fetched, sha = fetcher.download_verified(
+                    cand.url, os.path.join(folder, cand.filename), accept, record if wheelhouse else None
+                )
+                if computed is not None:
+                    computed.put(cand.url, stamp, sha)
+            notes[key] = _hash_settled(cand, sha, fetched, recorded=not fetched and computed is not None)
             cand.sha256 = sha
+            if not cand.listed_hashes:
+                cand.sha256_source = "controller"
     return notes
+
+
+def _hash_settled(cand: Candidate, sha: str, fetched: bool, recorded: bool) -> dict:
+    if cand.listed_hashes:
+        note = {"kind": "republished", "listed": list(cand.listed_hashes), "entry": cand.listed_hashes.index(sha) + 1}
+    else:
+        note = {"kind": "unhashed"}
+    how = "downloaded" if fetched else ("recorded" if recorded else "in the wheelhouse")
+    return {**note, "filename": cand.filename, "index": cand.index, "sha256": sha, "downloaded": fetched, "how": how}
 
 
 def hash_note(note: dict) -> str:
     """One line of the plan report for a settle_hashes note."""
+    how = {
+        "downloaded": "downloaded once on the controller and hashed",
+        "recorded": "not downloaded: the controller hashed it before and the index serves it with the same size,"
+        " ETag and Last-Modified (cache/url-sha256.json)",
+        "in the wheelhouse": "the controller's wheelhouse already holds it, hashed",
+    }[note.get("how", "downloaded")]
     if note["kind"] == "republished":
         return (
             f"{note['filename']} is republished on index {note['index']!r}: listed {len(note['listed'])} times with"
             f" distinct sha256; planned the newest entry; the file served matched entry {note['entry']} of"
-            f" {len(note['listed'])}, sha256 {note['sha256']} (locked, verified by download)"
+            f" {len(note['listed'])}, sha256 {note['sha256']} (locked, verified by the controller: {how})"
         )
     return (
-        f"{note['filename']}: index {note['index']!r} lists no sha256 for it; downloaded once on the controller and"
-        f" hashed: sha256 {note['sha256']} (locked)"
+        f"{note['filename']}: index {note['index']!r} lists no sha256 for it; {how}: sha256 {note['sha256']}"
+        " (locked, computed by the controller)"
     )
 
 

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import zipfile
+from urllib.parse import urlsplit
 
 import tomllib
 
@@ -36,6 +38,7 @@ except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a c
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import (
     Fetcher,
     HashRecord,
+    UrlHashRecord,
     hash_note,
     settle_hashes,
 )
@@ -98,24 +101,22 @@ def uv_platform(platform: str) -> str:
     return f"{arch}-unknown-linux-gnu" if rest == "linux" else platform
 
 
-def uv_compile(
-    uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600, overrides: list = ()
-) -> list:
+def uv_compile(uv: str, requirements: list, wheels: dict, target: Target, **options) -> list:
     """Resolve ``requirements`` with uv over the profile's indexes; returns pylock packages (name, version, files).
 
     ``overrides`` (requirement strings: the profile's wheels.overrides, a chosen profile package as ``name @ url``)
     go to uv as ``--overrides``: they replace what any package's METADATA pins on those packages, dependencies of
-    dependencies included. Where the indexes are searched is ``uv_args``'s business."""
+    dependencies included. Where the indexes are searched is ``uv_args``'s business. ``options``: ``overrides``,
+    ``cache_dir`` (uv's cache, ``PlanCache``), ``timeout`` (seconds, default 600)."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-plan-") as tmp:
         out = os.path.join(tmp, "pylock.toml")
-        _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, ["--format", "pylock.toml", "-o", out])
+        args = ["--format", "pylock.toml", "-o", out]
+        _run_uv(uv, requirements, wheels, target, tmp, args, **options)
         with open(out, "rb") as handle:
             return tomllib.load(handle).get("packages", [])
 
 
-def uv_graph(
-    uv: str, requirements: list, wheels: dict, target: Target, timeout: float = 600, overrides: list = ()
-) -> dict:
+def uv_graph(uv: str, requirements: list, wheels: dict, target: Target, **options) -> dict:
     """The dependency graph of the same resolution as ``uv_compile`` ({package: [packages that require it]}), read
     from uv's own "# via" annotations: a pylock records no dependencies. Run right after ``uv_compile``, uv answers
     it offline from the pages and metadata it has just cached (seconds, where asking the indexes again costs as long
@@ -124,9 +125,9 @@ def uv_graph(
         out = os.path.join(tmp, "requirements.txt")
         args = ["--annotation-style", "line", "-o", out]
         try:
-            _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, ["--offline", *args])
+            _run_uv(uv, requirements, wheels, target, tmp, ["--offline", *args], **options)
         except PlanError:
-            _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, args)
+            _run_uv(uv, requirements, wheels, target, tmp, args, **options)
         with open(out) as handle:
             return parse_uv_graph(handle.read())
 
@@ -174,13 +175,16 @@ def _names(requirements: list) -> set:
     return {canonicalize_name(Requirement(r).name) for r in requirements}
 
 
-def _run_uv(uv, requirements, wheels, target, timeout, overrides, tmp, output_args):
-    # Only the cache location may come from the environment: index settings would bypass the profile.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_")) or k == "UV_CACHE_DIR"}
+def _run_uv(uv, requirements, wheels, target, tmp, output_args, overrides=(), cache_dir=None, timeout=600):
+    # Nothing of uv's or pip's settings from the environment: index settings would bypass the profile, and the
+    # cache is the plan's own (``plan_cache``).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
     project = os.path.join(tmp, "pyproject.toml")
     with open(project, "w") as handle:
         handle.write(plan_project(requirements, wheels))
     args = [uv, *uv_args(wheels, target)]
+    if cache_dir:
+        args += ["--cache-dir", cache_dir]
     if overrides:
         overrides_txt = os.path.join(tmp, "overrides.txt")
         with open(overrides_txt, "w") as handle:
@@ -225,16 +229,41 @@ def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
                 "index": cand.index if cand else None,
                 "size": cand.size if cand else None,
                 "role": role if cand is None else "profile",
+                "sha256_source": cand.sha256_source if cand else "index",
             }
         )
     return sorted(entries, key=lambda e: e["name"])
 
 
 def make_lock(
-    profile: dict, target: Target, fetcher: Fetcher, uv: str, tools=("uv",), today=None, wheelhouse=None
+    profile: dict,
+    target: Target,
+    fetcher: Fetcher,
+    uv: str,
+    tools=("uv",),
+    today=None,
+    wheelhouse=None,
+    cache_dir=None,
+    reuse_wheelhouse=None,
 ) -> dict:
     """Probe, resolve, lock. With ``wheelhouse`` the chosen wheels are fetched there first and uv resolves their
-    dependencies from those files, so no wheel is downloaded twice (once by uv, once for the hosts)."""
+    dependencies from those files, so no wheel is downloaded twice (once by uv, once for the hosts). ``cache_dir``
+    (the controller's ``cache`` folder) keeps uv's cache (``PlanCache``, pruned after the plan) and the hashes the
+    controller computed (``UrlHashRecord``); without it both are the plan's own and gone after it.
+    ``reuse_wheelhouse`` (check mode: the wheelhouse, which it does not write) gives uv the chosen wheels it already
+    holds with their sha256, so uv reads them there instead of downloading them."""
+    with PlanCache(uv, cache_dir) as cache:
+        computed = UrlHashRecord(cache_dir) if cache_dir else None
+        where = {"fetch": wheelhouse, "reuse": reuse_wheelhouse, "uv_cache": cache.path}
+        lock = _lock(profile, target, fetcher, uv, tools, today, where, computed)
+        if computed is not None:
+            computed.save()
+    lock["uv_cache"] = cache.summary()
+    return lock
+
+
+def _lock(profile, target, fetcher, uv, tools, today, where, computed):
+    wheelhouse, uv_cache = where["fetch"], where["uv_cache"]
     wheels = profile["wheels"]
     rules_by_pkg, rules = rules_from_profile(wheels)
     cands = probe(fetcher, wheels, rules_by_pkg, target)
@@ -242,13 +271,20 @@ def make_lock(
     chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, metadata_of, today=today)
     record = HashRecord(wheelhouse) if wheelhouse else None
     # A link without a sha256 or a republished file name: the lock takes the hash of the file the index serves.
-    note_listings(report, rules_by_pkg, fetcher, settle_hashes(fetcher, chosen, wheelhouse, record))
+    note_listings(report, rules_by_pkg, fetcher, settle_hashes(fetcher, chosen, wheelhouse, record, computed))
     pins = {}
+    held = HashRecord(where["reuse"]) if where["reuse"] and not wheelhouse else None
     for key, cand in chosen.items():
         if wheelhouse:
             path = os.path.join(wheelhouse, cand.filename)
             fetcher.download(cand.url, path, cand.sha256, record)
             pins[key] = f"{cand.project} @ {pathlib.Path(path).resolve().as_uri()}"
+        elif (
+            held
+            and os.path.isfile(os.path.join(held.folder, cand.filename))
+            and held.sha256(cand.filename) == cand.sha256
+        ):
+            pins[key] = f"{cand.project} @ {pathlib.Path(held.folder, cand.filename).resolve().as_uri()}"
         else:
             pins[key] = f"{cand.project} @ {cand.url}"
     if record:
@@ -258,11 +294,15 @@ def make_lock(
     # with the profile's requirement.
     overrides = [pins.get(key, str(o.requirement)) for key, o in rules.overrides.items()]
     pins = list(pins.values())
-    packages = lock_entries(uv_compile(uv, pins, wheels, target, overrides=overrides), chosen, target, "dependency")
-    rules_report = finish_lock(
-        profile, packages, uv_graph(uv, pins, wheels, target, overrides=overrides), target, metadata_of
+    uv_kw = {"overrides": overrides, "cache_dir": uv_cache}
+    packages = lock_entries(uv_compile(uv, pins, wheels, target, **uv_kw), chosen, target, "dependency")
+    rules_report = finish_lock(profile, packages, uv_graph(uv, pins, wheels, target, **uv_kw), target, metadata_of)
+    tool_entries = (
+        lock_entries(uv_compile(uv, list(tools), wheels, target, cache_dir=uv_cache), {}, target, "tool")
+        if tools
+        else []
     )
-    tool_entries = lock_entries(uv_compile(uv, list(tools), wheels, target), {}, target, "tool") if tools else []
+    mark_uv_hashes(packages + tool_entries, fetcher, wheels)
     digest = lock_hash(packages, target)
     return {
         "schema": LOCK_SCHEMA,
@@ -279,6 +319,77 @@ def make_lock(
         "report": report,
         "lock_rules": rules_report,
     }
+
+
+class PlanCache:
+    """uv's cache for a plan: ``<cache_dir>/uv`` on the controller, where the operator sees it, or a temporary
+    folder removed after the plan when there is no ``cache_dir``. After the plan it is pruned with ``uv cache prune
+    --ci``: the wheels uv downloaded and unpacked (a real stack's torch and CUDA libraries: GBs per plan, kept by
+    uv for installs the controller never makes) go; the index pages stay, so a later plan revalidates them instead
+    of reading them again. ``summary`` says how many bytes the cache holds after the plan."""
+
+    def __init__(self, uv: str, cache_dir: str | None):
+        self.uv = uv
+        self.temporary = not cache_dir
+        self.path = tempfile.mkdtemp(prefix="gpufleet-uv-cache-") if self.temporary else os.path.join(cache_dir, "uv")
+        self.pruned = None
+
+    def __enter__(self):
+        os.makedirs(self.path, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return False
+        proc = subprocess.run(
+            [self.uv, "cache", "prune", "--ci", "--cache-dir", self.path, "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        self.pruned = "pruned" if proc.returncode == 0 else f"uv cache prune failed: {proc.stderr.strip()}"
+        return False
+
+    def summary(self) -> dict:
+        if self.temporary:
+            return {"path": None, "bytes": 0, "pruned": "temporary, removed after the plan"}
+        return {"path": self.path, "bytes": folder_bytes(self.path), "pruned": self.pruned}
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes of the files under ``path`` (links not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def mark_uv_hashes(entries: list, fetcher: Fetcher, wheels: dict) -> None:
+    """Mark the dependencies whose sha256 uv computed (``sha256_source: uv``): uv downloads and hashes a file its
+    index lists without one. Only hosts that listed such a file during the probe (``Fetcher.unhashed_hosts``) are
+    asked, one listing per dependency they serve; a dependency from any other host has the hash its index gave."""
+    if not fetcher.unhashed_hosts:
+        return
+    hosts = {urlsplit(i["url"]).netloc: [] for i in wheels["indexes"]}
+    for index in wheels["indexes"]:
+        hosts[urlsplit(index["url"]).netloc].append(index)
+    for entry in entries:
+        netloc = urlsplit(entry["url"]).netloc
+        if entry["sha256_source"] != "index" or netloc not in fetcher.unhashed_hosts:
+            continue
+        for index in hosts.get(netloc, []):
+            listing = fetcher.listing(index["name"], index["url"], entry["name"])
+            listed = [c for c in listing if c.filename == entry["filename"]]
+            if listed:
+                if not listed[0].sha256:
+                    entry["sha256_source"] = "uv"
+                break
 
 
 def note_listings(report: dict, rules_by_pkg: list, fetcher: Fetcher, hashes: dict) -> None:
@@ -335,7 +446,32 @@ def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str) -> dict:
             nbytes += entry["size"]
     finally:
         record.save()
+    note_installed_sizes(lock, wheelhouse)
     return {"path": wheelhouse, "fetched": fetched, "reused": reused, "bytes": nbytes}
+
+
+def installed_size(path: str) -> int | None:
+    """What a wheel takes once installed: the sum of its zip members' uncompressed sizes (read from the zip's
+    central directory, not unpacked); None when the file is not a readable zip."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    except (OSError, zipfile.BadZipFile):
+        return None
+
+
+def note_installed_sizes(lock: dict, wheelhouse: str, names=None) -> None:
+    """Give each lock entry whose wheel the controller's wheelhouse holds (``names``: those checked, default every
+    file there) its ``installed_size``; an entry whose wheel is not at hand has none (preflight then sizes the new
+    venv from the current one)."""
+    for entry in lock["packages"] + lock["tools"]:
+        path = os.path.join(wheelhouse, entry["filename"])
+        if (names is None or entry["filename"] in names) and os.path.isfile(path):
+            size = installed_size(path)
+            if size is not None:
+                entry["installed_size"] = size
+                continue
+        entry.pop("installed_size", None)
 
 
 def verify_wheelhouse(lock: dict, wheelhouse: str) -> list:
@@ -349,6 +485,8 @@ def verify_wheelhouse(lock: dict, wheelhouse: str) -> list:
             bad.append(entry["filename"])
     if os.path.isdir(wheelhouse):
         record.save()
+    good = {e["filename"] for e in lock["packages"] + lock["tools"]} - set(bad)
+    note_installed_sizes(lock, wheelhouse, good)
     return bad
 
 
@@ -387,4 +525,23 @@ def report_lines(lock: dict) -> list:
     deps = [e for e in lock["packages"] if e["role"] == "dependency"]
     if deps:
         lines.append("dependencies (resolved by uv): " + ", ".join(f"{e['name']}=={e['version']}" for e in deps))
+    lines += hash_source_lines(lock["packages"] + lock["tools"])
+    cache = lock.get("uv_cache")
+    if cache:
+        where = cache["path"] or "a temporary folder"
+        lines.append(f"uv cache {where}: {cache['bytes']} bytes after the plan ({cache['pruned']})")
+    return lines
+
+
+SHA256_SOURCES = {"controller": "computed by the controller", "uv": "computed by uv"}
+
+
+def hash_source_lines(entries: list) -> list:
+    """Which locked hashes no index served (the index listed the file without a sha256): computed by the controller
+    (a profile package, ``_index.settle_hashes``) or by uv (a dependency uv downloaded to hash it)."""
+    lines = []
+    for source, words in SHA256_SOURCES.items():
+        names = [f"{e['filename']} ({e['sha256'][:12]})" for e in entries if e.get("sha256_source") == source]
+        if names:
+            lines.append(f"sha256 {words}, not served by the index: {', '.join(names)}")
     return lines

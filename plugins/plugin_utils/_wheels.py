@@ -62,6 +62,7 @@ class Candidate:
     last_modified: _dt.datetime | None = None
     build: tuple = ()  # PEP 427 build tag, (number, suffix) or (): a rebuild of one version sorts by it
     listed_hashes: tuple = ()  # a republished file name: every sha256 its listing gave, page order (_index)
+    sha256_source: str = "index"  # "controller" when the listing gave none and the controller hashed the file
 
     @property
     def date(self) -> _dt.date | None:

@@ -7,6 +7,8 @@ refused before any host changes. The planner itself is replaced by a fake: these
 from __future__ import annotations
 
 import hashlib
+import io
+import zipfile
 from unittest.mock import MagicMock
 
 import pytest
@@ -66,7 +68,7 @@ def index(monkeypatch):
     """A fake planner over an index whose kernel build the test can change; fills the wheelhouse like the real one."""
     state = {"kernel": "0.3.21+cu130", "content": b"kernel-1", "targets": []}
 
-    def make_lock(profile, target, fetcher, uv, tools, today, wheelhouse):
+    def make_lock(profile, target, fetcher, uv, tools, today, wheelhouse, cache_dir, reuse_wheelhouse):
         state["targets"].append((target.platform, target.python_version))
         return fake_lock(target, state["kernel"], state["content"])
 
@@ -164,3 +166,16 @@ def test_apply_refuses_another_profile_and_missing_or_changed_wheels_naming_them
 def test_apply_of_a_file_that_is_not_there_names_it(tmp_path):
     result = apply(tmp_path)
     assert result["failed"] and "cannot be read" in result["msg"] and "fleet.lock.yml" in result["msg"]
+
+
+def test_the_applied_entries_carry_each_wheel_installed_size_read_from_the_wheelhouse(index, tmp_path):
+    body = io.BytesIO()
+    with zipfile.ZipFile(body, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("kernel/__init__.py", "x" * 5000)
+        archive.writestr("lab_sgl_kernel-0.3.21+cu130.dist-info/METADATA", "Name: lab-sgl-kernel\n")
+    index.update(content=body.getvalue())
+    plan(tmp_path)
+    result = apply(tmp_path)
+    assert not result.get("failed"), result.get("msg")
+    package = result["entries"][0]["packages"][0]
+    assert package["installed_size"] == 5000 + len("Name: lab-sgl-kernel\n") > package["size"]

@@ -74,7 +74,7 @@ def make_action(args, check_mode=False, diff=False):
 def planned(monkeypatch):
     calls = {}
 
-    def make_lock(profile, target, fetcher, uv, tools, today, wheelhouse):
+    def make_lock(profile, target, fetcher, uv, tools, today, wheelhouse, cache_dir, reuse_wheelhouse):
         calls.update(target=target, wheelhouse=wheelhouse, today=today)
         return fake_lock()
 

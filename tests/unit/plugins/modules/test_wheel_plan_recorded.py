@@ -37,7 +37,10 @@ def test_check_mode_and_apply_lock_the_same_served_hashes(tmp_path):
         }
         checked = make_action(dict(args), check_mode=True).run(task_vars={"inventory_hostname": "ctl"})
         assert not checked.get("failed"), checked.get("msg")
-        assert list(tmp_path.iterdir()) == []  # the hash-less and republished files were hashed in a scratch folder
+        # The hash-less and republished files were hashed in a scratch folder: no lock, no wheelhouse; only the
+        # controller's cache (uv's, and the hash computed for the link without one).
+        assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+        assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["url-sha256.json", "uv"]
         applied = make_action(dict(args)).run(task_vars={"inventory_hostname": "ctl"})
         assert not applied.get("failed"), applied.get("msg")
         lock = json.loads(Path(applied["lock_path"]).read_text())
@@ -51,4 +54,18 @@ def test_check_mode_and_apply_lock_the_same_served_hashes(tmp_path):
         report = Path(applied["lock_path"]).with_suffix(".txt").read_text()
         assert f"  {SGL} is republished on index 'sgl': listed 5 times with distinct sha256;" in report
         assert "  source pytorch: not carried by this index (HTTP 403 for the project)" in report
-        assert "index 'pytorch' lists no sha256 for it; downloaded once on the controller and hashed" in report
+        # Hashed by the check-mode run; the apply takes the recorded hash and fetches the file for the hosts only.
+        checked_report = "\n".join(checked["report"])
+        assert "index 'pytorch' lists no sha256 for it; downloaded once on the controller and hashed" in checked_report
+        assert "index 'pytorch' lists no sha256 for it; not downloaded: the controller hashed it before" in report
+        torch = next(e for e in lock["packages"] if e["name"] == "torch")
+        assert torch["sha256_source"] == "controller" and torch["installed_size"] > 0
+        assert "sha256 computed by the controller, not served by the index: " + torch["filename"] in report
+
+        # Check mode again: torch is neither downloaded to hash it nor by uv (it reads the wheelhouse's copy).
+        torch_gets = servers["pytorch"].count("GET", torch["filename"])
+        again = make_action(dict(args), check_mode=True).run(task_vars={"inventory_hostname": "ctl"})
+        assert not again.get("failed"), again.get("msg")
+        assert again["lock"]["hash"] == lock["hash"] and again["changed"] is False
+        assert servers["pytorch"].count("GET", torch["filename"]) == torch_gets
+        assert "not downloaded: the controller hashed it before" in "\n".join(again["report"])

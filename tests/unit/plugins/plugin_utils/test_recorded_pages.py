@@ -165,7 +165,8 @@ def test_a_republished_wheel_locks_the_hash_the_served_file_has(tmp_path):
     assert note["entry"] == 2 and cand.sha256 == note["sha256"] == idx.entries(SGL)[1]["lab"]
     assert ix.hash_note(note) == (
         f"{SGL} is republished on index 'sgl': listed 5 times with distinct sha256; planned the newest entry; the"
-        f" file served matched entry 2 of 5, sha256 {cand.sha256} (locked, verified by download)"
+        f" file served matched entry 2 of 5, sha256 {cand.sha256} (locked, verified by the controller: downloaded"
+        " once on the controller and hashed)"
     )
     assert hashlib.sha256((tmp_path / SGL).read_bytes()).hexdigest() == cand.sha256
 
