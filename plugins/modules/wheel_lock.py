@@ -89,7 +89,8 @@ profile:
 entries:
   description: One lock per entry, as fact C(gpufleet_wheel_lock) holds it (C(platform), C(python), C(hash),
     C(venv_name), C(packages), C(tools), C(overrides), C(lock_rules), C(profile), C(profile_hash), C(path) the lock
-    file, C(wheelhouse)).
+    file, C(wheelhouse)). A package whose wheel the wheelhouse holds with its locked sha256 has its
+    C(installed_size) (the sum of its uncompressed members; role C(preflight) sizes the new venv from them).
   returned: success
   type: list
   elements: dict

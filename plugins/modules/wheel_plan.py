@@ -51,6 +51,12 @@ description:
     fleet's reviewed desired state; the plan report goes beside it (C(<name>.report.txt)) and the result says what
     changed against the lock file that was there (packages added, removed, changed, with versions and sha256). A
     plan that changes nothing leaves the file as it was.
+  - Keeps two caches in O(controller_dir)C(/cache), check mode included (caches, not the plan's output). uv's cache
+    (C(cache/uv)), pruned after each plan with C(uv cache prune --ci) (the wheels uv downloaded and unpacked go, the
+    index pages stay; the report says how many bytes remain), and the sha256 the controller computed for links
+    their index lists without one (C(cache/url-sha256.json)), by URL with the size, ETag and Last-Modified the index
+    served the file with, so a later plan asks for those with one HEAD request instead of downloading the file. In
+    check mode uv reads the chosen wheels the wheelhouse already holds (sha256 checked) instead of downloading them.
   - Runs on the controller only; needs C(packaging) and C(uv) there.
 version_added: 0.1.0
 options:
@@ -157,7 +163,10 @@ lock:
       description: C(<profile>-<hash12>), the name of the venv built from this lock.
       type: str
     packages:
-      description: One entry per wheel (name, version, filename, url, sha256, index, size, role).
+      description: One entry per wheel (name, version, filename, url, sha256, index, size, role), with
+        C(sha256_source) (C(index); C(controller) when the index listed the file without a sha256 and the
+        controller hashed it; C(uv) when uv did) and, once the wheelhouse holds the wheel, C(installed_size) (the
+        sum of its uncompressed members, which role C(preflight) sizes the new venv from).
       type: list
       elements: dict
     tools:
@@ -181,6 +190,10 @@ lock:
     wheelhouse:
       description: Controller folder holding every locked wheel.
       type: str
+    uv_cache:
+      description: uv's cache of the plan after it was pruned, C(path) (None when it was a temporary folder),
+        C(bytes) it holds and C(pruned).
+      type: dict
 lock_path:
   description: Path of the lock file on the controller.
   returned: success
