@@ -283,7 +283,9 @@ def settle_hashes(
 ) -> dict:
     """Settle the hash of the chosen wheels whose listing does not: a link without a sha256 (hashed here) and a
     republished file name (checked against every hash listed for it). A hash ``computed`` recorded for the URL as
-    the index still serves it is taken as it is (one HEAD request, no download). Otherwise the file is downloaded
+    the index still serves it is taken as it is (one HEAD request, no download), where there is no wheelhouse (check
+    mode) or the wheelhouse holds the file with that hash; a wheelhouse that lacks it gets the file as served, hashed
+    anew, so a plan that fetches never locks a stale record. Otherwise the file is downloaded
     once, into the wheelhouse when there is one (the fetch then reuses it), else into a temporary folder removed
     afterwards, and the hash it has is recorded in ``computed``. Each ``sha256`` is set to the hash of the served
     file. Returns per chosen key what was done, for the report."""
@@ -296,6 +298,8 @@ def settle_hashes(
             accept = cand.listed_hashes or ((cand.sha256,) if cand.sha256 else ())
             stamp = fetcher.served_stamp(cand.url) if computed is not None else {}
             sha = computed.get(cand.url, stamp) if computed is not None else None
+            if sha and wheelhouse and not _held(wheelhouse, cand.filename, sha, record):
+                sha = None  # the wheelhouse needs the file now anyway: hash what is served, not what was recorded
             fetched = False
             if sha is None or (accept and sha not in accept):
                 folder = wheelhouse or scratch
@@ -309,6 +313,13 @@ def settle_hashes(
             if not cand.listed_hashes:
                 cand.sha256_source = "controller"
     return notes
+
+
+def _held(folder: str, filename: str, sha: str, record: HashRecord | None) -> bool:
+    """Whether ``folder`` holds ``filename`` with that sha256."""
+    if not os.path.isfile(os.path.join(folder, filename)):
+        return False
+    return (record.sha256(filename) if record else file_sha256(os.path.join(folder, filename))) == sha
 
 
 def _hash_settled(cand: Candidate, sha: str, fetched: bool, recorded: bool) -> dict:

@@ -54,10 +54,10 @@ def test_check_mode_and_apply_lock_the_same_served_hashes(tmp_path):
         report = Path(applied["lock_path"]).with_suffix(".txt").read_text()
         assert f"  {SGL} is republished on index 'sgl': listed 5 times with distinct sha256;" in report
         assert "  source pytorch: not carried by this index (HTTP 403 for the project)" in report
-        # Hashed by the check-mode run; the apply takes the recorded hash and fetches the file for the hosts only.
+        # The apply fetches the file for the hosts and hashes what is served (never a record it cannot check).
         checked_report = "\n".join(checked["report"])
         assert "index 'pytorch' lists no sha256 for it; downloaded once on the controller and hashed" in checked_report
-        assert "index 'pytorch' lists no sha256 for it; not downloaded: the controller hashed it before" in report
+        assert "index 'pytorch' lists no sha256 for it; downloaded once on the controller and hashed" in report
         torch = next(e for e in lock["packages"] if e["name"] == "torch")
         assert torch["sha256_source"] == "controller" and torch["installed_size"] > 0
         assert "sha256 computed by the controller, not served by the index: " + torch["filename"] in report

@@ -70,6 +70,23 @@ def test_a_hashless_link_is_hashed_once_and_not_downloaded_again_while_served_th
         assert cand3.sha256 == idx.served_sha256(TORCH) != cand.sha256
 
 
+def test_a_plan_that_fills_the_wheelhouse_hashes_what_is_served_over_a_wrong_record(tmp_path):
+    with RecordedPages("pytorch-nightly-cu130") as idx:
+        fetcher = ix.Fetcher()
+        cand = _torch(fetcher, idx)
+        record = UrlHashRecord(str(tmp_path / "cache"))
+        record.put(cand.url, fetcher.served_stamp(cand.url), "0" * 64)  # a record the served file contradicts
+        wheelhouse = tmp_path / "wheelhouse"
+        notes = ix.settle_hashes(fetcher, {"torch": cand}, str(wheelhouse), None, record)
+        assert notes["torch"]["how"] == "downloaded" and cand.sha256 == idx.served_sha256(TORCH)
+        assert record.get(cand.url, fetcher.served_stamp(cand.url)) == cand.sha256
+        # Held by the wheelhouse with the recorded hash: neither downloaded nor read from the index again.
+        again = ix.Fetcher()
+        cand2 = _torch(again, idx)
+        notes = ix.settle_hashes(again, {"torch": cand2}, str(wheelhouse), None, record)
+        assert again.downloads == [] and notes["torch"]["how"] == "recorded" and cand2.sha256 == cand.sha256
+
+
 def test_a_record_without_anything_the_index_serves_the_file_with_is_not_trusted(tmp_path):
     record = UrlHashRecord(str(tmp_path))
     record.put("http://127.0.0.1:1/a.whl", {"size": None, "etag": None, "last_modified": None}, "a" * 64)
