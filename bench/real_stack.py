@@ -22,6 +22,17 @@
    given the lock. When the upgrade rolled back, --point-current points current at the built venv for the audit
    timings only (its verdict is then drift) and back afterwards.
 Prints one JSON document. Removes the node, the wheelhouse and the caches at the end unless --keep/--keep-wheels.
+
+--plan-only runs step 1's plan alone, without fetching, on the profile as it is (its own cuda section, so the lock's
+one-CUDA-major rule judges the profile's CUDA): no lab node, no wheelhouse; what it downloads is index pages and
+METADATA, and what uv reads of the profile's wheels into its cache.
+--default-index-only (with --plan-only) plans, for a machine that reaches the default index alone, a copy of the
+profile whose every package comes from the default index without its local tag, less the packages named by --drop
+(those the default index does not carry) and with the versions --replace NAME==VERSION gives (for a package whose
+profile version is on another index only: it replaces the profile's spec and its override); --allow-stale lets
+builds older than the profile's max_age_days through (a profile of an earlier stack). The output lists each change.
+It proves that the profile's pins and overrides resolve together and keep one CUDA major; it does not prove that
+the other indexes serve the files the profile names.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ import time
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -123,7 +136,8 @@ def plan(profile: Path, controller: Path, env: dict, fetch: bool) -> dict:
         "wheels_fetched": len(fetched.get("fetched", [])),
         "wheelhouse_bytes": fetched.get("bytes", 0),
         # uv reads the profile packages, given to it as URLs or wheelhouse files, by unpacking the whole wheel.
-        "uv_cache_bytes": tree_bytes(Path(env["UV_CACHE_DIR"])),
+        # (the planner keeps its uv cache in the controller's cache folder when it has one, else uv's UV_CACHE_DIR)
+        "uv_cache_bytes": tree_bytes(controller / "cache" / "uv") or tree_bytes(Path(env["UV_CACHE_DIR"])),
         "lock": lock,
         # The plan's verdicts without the per-candidate lines (every file the indexes list).
         "report": [line for line in out["report"] if not line.startswith("    ")],
@@ -229,6 +243,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="stacks/cu130-sglang0523.yml")
     ap.add_argument("--work", default=str(REPO / ".lab" / "realstack-bench"), help="controller dir, caches, profile")
+    ap.add_argument(
+        "--plan-only", action="store_true", help="plan the profile as it is without fetching, then stop (no lab node)"
+    )
+    ap.add_argument(
+        "--default-index-only",
+        action="store_true",
+        help="with --plan-only: every package from the default index, without local tags (see above)",
+    )
+    ap.add_argument("--drop", action="append", default=[], help="with --default-index-only: leave out this package")
+    ap.add_argument(
+        "--replace", action="append", default=[], help="with --default-index-only: NAME==VERSION for the profile's"
+    )
+    ap.add_argument(
+        "--allow-stale", action="store_true", help="with --default-index-only: set wheels.rules.allow_stale"
+    )
     ap.add_argument("--keep", action="store_true", help="leave the node up")
     ap.add_argument("--keep-wheels", action="store_true", help="leave the wheelhouse and the uv cache")
     ap.add_argument("--python-prefix", help="this machine's Python of the profile's version, copied to the node")
@@ -247,6 +276,11 @@ def main() -> int:
     controller.mkdir(parents=True, exist_ok=True)
     env = {"UV_CACHE_DIR": str(work / "uv-cache")}
     real = (REPO / args.profile).resolve()
+    if args.plan_only:
+        changes = []
+        if args.default_index_only:
+            real, changes = default_index_only(real, work / "profiles", args.drop, args.replace, args.allow_stale)
+        return plan_only(real, controller, env, work, changes)
     profile = lab_profile(real, work / "profiles")
     version = yaml.safe_load(real.read_text())["python"]["version"]
     out: dict = {"profile": str(real.relative_to(REPO)), "platform": host_platform()}
@@ -304,6 +338,67 @@ def main() -> int:
         if not args.keep_wheels:
             shutil.rmtree(controller / "wheelhouse", ignore_errors=True)
             shutil.rmtree(work / "uv-cache", ignore_errors=True)
+
+
+def default_index_only(real: Path, out_dir: Path, drop: list, replace: list, allow_stale: bool) -> tuple:
+    """(path, changes): the profile with every package from the default index, local tags removed, ``drop`` left out
+    (and from the same_version groups), ``replace`` (NAME==VERSION) as the spec and override of NAME."""
+    profile = yaml.safe_load(real.read_text())
+    wheels = profile["wheels"]
+    changes = []
+    for item in replace:
+        name, _sep, version = item.partition("==")
+        for pkg in wheels["packages"]:
+            if pkg["name"] == name:
+                changes.append(f"{name}: {pkg['spec']} -> =={version}")
+                pkg["spec"] = f"=={version}"
+        for override in wheels.get("overrides") or []:
+            if canonicalize_name(Requirement(override["requirement"]).name) == canonicalize_name(name):
+                changes.append(f"override {override['requirement']} -> {item}")
+                override["requirement"] = item
+    default = [i["name"] for i in wheels["indexes"] if i["url"] == "default"]
+    if not default:
+        raise SystemExit(f"{real} names no index with url 'default'")
+    packages = []
+    for pkg in wheels["packages"]:
+        if pkg["name"] in drop:
+            changes.append(f"{pkg['name']} left out")
+            continue
+        if pkg["indexes"] != default[:1] or pkg.get("local_tag"):
+            tag = f", local tag {pkg['local_tag']} dropped" if pkg.get("local_tag") else ""
+            changes.append(f"{pkg['name']}: {pkg['indexes']} -> {default[:1]}{tag}")
+        packages.append({**{k: v for k, v in pkg.items() if k != "local_tag"}, "indexes": default[:1]})
+    wheels["packages"] = packages
+    wheels["indexes"] = [i for i in wheels["indexes"] if i["name"] == default[0]]
+    rules = wheels.setdefault("rules", {})
+    if allow_stale and not rules.get("allow_stale"):
+        changes.append("rules.allow_stale: true")
+        rules["allow_stale"] = True
+    groups = ([n for n in group if n not in drop] for group in rules.get("same_version") or [])
+    rules["same_version"] = [group for group in groups if len(group) > 1]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"default-index-{real.name}"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path, changes
+
+
+def plan_only(real: Path, controller: Path, env: dict, work: Path, changes: list) -> int:
+    """The plan alone of the profile as shipped (or its default-index copy): wall and task time, packages, index
+    traffic, the plan's verdicts."""
+    shown = real.relative_to(REPO) if real.is_relative_to(REPO) else real
+    out: dict = {"profile": str(shown), "platform": host_platform(), "changes_for_default_index": changes}
+    try:
+        planned = plan(real, controller, env, fetch=False)
+    finally:
+        shutil.rmtree(work / "uv-cache", ignore_errors=True)
+    lock = planned.pop("lock")
+    out["plan"] = planned
+    out["load_avg_5m"] = round(os.getloadavg()[1], 1)
+    out["venv_name"] = lock["venv_name"]
+    out["profile_packages"] = {e["name"]: e["version"] for e in lock["packages"] if e["role"] == "profile"}
+    out["overrides"] = [o["requirement"] for o in lock.get("overrides", [])]
+    print(json.dumps(out, indent=1, default=str))
+    return 0
 
 
 def upgrade(node: str, inventory: str, extra: dict, env: dict, controller: Path) -> dict:
