@@ -171,7 +171,7 @@ def main(spec_text, uv=None):
         for mod in mods:
             try:
                 importlib.import_module(mod)
-            except Exception as exc:  # an import error of any kind makes the venv unusable
+            except Exception as exc:  # any import error fails the venv, but a missing driver where none is needed
                 why = (
                     ", compiled code that requires torch: it must be built for the torch installed"
                     if name in extensions
