@@ -21,10 +21,11 @@ The model (each point is an assumption, printed with the table):
 - The controller: each host costs ``cpu_s_per_host`` CPU seconds, spread over min(cores, forks) cores; a batch takes at
   least hosts * cpu / min(cores, forks) seconds. When that bound is longer than the hosts' own time, the batch (and its
   drained time) stretches by the ratio.
-- Prepare-ahead: a first run (``gpufleet_stop_after: prepare``) over every host with ``prepare_forks``: fetch through
-  the cache, preflight + backup + toolkit, install; it costs ``prepare_cpu_share`` of a host's controller CPU. The
-  rollout then pays the full per-host CPU again (its tasks still run; the prepare phase finds the venv verified) and per
-  wave preflight + the drained part.
+- Prepare-ahead: a first run (``gpufleet_stop_after: prepare``) in batches of ``prepare_batch_size`` (nothing is
+  drained, so no serving-group cap) with ``prepare_forks``: per batch fetch through the cache, then per wave
+  preflight + backup + toolkit and install; it costs ``prepare_cpu_share`` of a host's controller CPU. The rollout
+  then pays the full per-host CPU again (its tasks still run; the prepare phase finds the venv verified) and per wave
+  preflight + the drained part.
 - The collection prepares a host while it serves, before the drain, in both modes: prepare-ahead shortens the
   rollout (the window in which hosts change), not the drained time per host, unless the controller stretches it.
 - Without a lock file the run plans once on the controller first (plan wall); with one, no plan.
@@ -149,6 +150,9 @@ def measured_inputs() -> dict:
         "host_link_bytes_per_s": Input(3.125 * GB, "B/s", "assumption (parameter): a host's 25 Gbit/s link"),
         "controller_cores": Input(16, "cores", "assumption (parameter): the controller's cores"),
         "prepare_forks": Input(100, "forks", "assumption (parameter): forks of the prepare-ahead run"),
+        "prepare_batch_size": Input(
+            ["25%"], "serial", "docs/operator-guide.md, Prepare the fleet ahead: gpufleet_batch_size=25%"
+        ),
         "prepare_cpu_share": Input(
             0.6, "share", "assumption (parameter): share of a host's controller CPU spent before the drain"
         ),
@@ -215,9 +219,11 @@ def project(n, forks, ahead, p, with_groups=True, lock_file=False) -> dict:
     cpu_total, prepare_wall = 0.0, 0.0
     if ahead:
         pf = p["prepare_forks"]
-        host_s = fetch_s(n, pf, nbytes, p["cache_bytes_per_s"], p["host_link_bytes_per_s"])
-        host_s += waves(n, pf) * (p["preflight_backup_toolkit_s"] + install)
-        prepare_wall, _ = _stretched(host_s, n, cpu * p["prepare_cpu_share"], cores, pf)
+        for batch in _batches.plan(hosts, p["prepare_batch_size"]):
+            size = len(batch)
+            host_s = fetch_s(size, pf, nbytes, p["cache_bytes_per_s"], p["host_link_bytes_per_s"])
+            host_s += waves(size, pf) * (p["preflight_backup_toolkit_s"] + install)
+            prepare_wall += _stretched(host_s, size, cpu * p["prepare_cpu_share"], cores, pf)[0]
         wall += prepare_wall
         cpu_total += n * cpu * p["prepare_cpu_share"]
     drained_sum = 0.0
@@ -284,6 +290,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", default="100,500,2000")
     parser.add_argument("--forks", default=f"{inputs['forks'].value},100", help="forks of the rollout, a list")
+    parser.add_argument("--batch-size", help="gpufleet_batch_size as a comma list, e.g. 1,10%%,25%%")
+    parser.add_argument("--group-max", help="gpufleet_batch_group_max, e.g. 25%% or 2")
     parser.add_argument("--lock-file", action="store_true", help="a reviewed lock file: no plan in the run")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     settable = [n for n, i in inputs.items() if "assumption" in i.source or n in ("install_s", "cpu_s_per_host")]
@@ -296,6 +304,10 @@ def main(argv=None) -> int:
             integer = isinstance(item.value, int)
             item.value = int(given) if integer else given
             item.source = "given on the command line"
+    for name, given in (("batch_size", args.batch_size), ("group_max", args.group_max)):
+        if given:
+            inputs[name].value = given.split(",") if name == "batch_size" else given
+            inputs[name].source = "given on the command line"
     values = {name: item.value for name, item in inputs.items()}
     rows = [
         project(int(n), int(f), ahead, values, lock_file=args.lock_file)

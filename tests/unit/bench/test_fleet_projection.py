@@ -32,6 +32,7 @@ SMALL = {
     "group_max": "50%",
     "group_size": 2,
     "prepare_forks": 4,
+    "prepare_batch_size": [0],  # one batch of every host
     "prepare_cpu_share": 0.5,
 }
 
@@ -63,6 +64,12 @@ def test_prepare_ahead_by_hand():
     assert row["prepare_wall_s"] == 13.0 and row["wall_s"] == 42.0
     assert row["drained_s_per_host"] == 6.0
     assert row["controller_cpu_s"] == 3.0  # 4 x 0.5 x 0.5 before, 4 x 0.5 in the rollout
+
+
+def test_prepare_ahead_runs_in_its_own_batches():
+    row = fp.project(4, 2, True, dict(SMALL, prepare_batch_size=["50%"], prepare_forks=2))
+    # Two prepare batches of 2 hosts, 2 forks: fetch 20 B at 10 B/s = 2 s + one wave of (5 + 4) = 11 s, twice.
+    assert row["prepare_wall_s"] == 22.0 and row["wall_s"] == 7 + 22 + 22.0
 
 
 def test_a_busy_controller_stretches_the_batch_and_its_drained_time():
@@ -113,3 +120,13 @@ def test_the_script_prints_inputs_and_the_table(capsys):
     out = capsys.readouterr().out
     assert "| model_load_s | 300.0 s | given on the command line |" in out
     assert "| 100 | 16 | per batch |" in out and "| 100 | 16 | prepare-ahead |" in out
+
+
+def test_the_batch_policy_is_a_parameter(capsys):
+    assert fp.main(["--hosts", "40", "--forks", "8", "--batch-size", "5,50%", "--group-max", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 40 hosts in groups of 16 (16, 16, 8), at most 1 of a group per batch: batches of at most 3 hosts.
+    hosts, groups = fp.fleet(40, 16)
+    expected = _batches.plan(hosts, ["5", "50%"], groups, "1")
+    assert out["rows"][0]["batches"] == len(expected) and out["rows"][0]["largest_batch"] == 3
+    assert out["inputs"]["batch_size"]["value"] == ["5", "50%"]
