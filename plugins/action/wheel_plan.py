@@ -57,7 +57,7 @@ class ActionModule(WheelAction):
         else:
             try:
                 if args["fetch"]:
-                    fetched = fetch_wheelhouse(fetcher, lock, wheelhouse)
+                    fetched = fetch_wheelhouse(fetcher, lock, wheelhouse, profile)
                     # Chosen wheels were fetched while planning: count every download of this run.
                     # File names as the wheelhouse has them: a URL writes a local version's + as %2B.
                     fetched["fetched"] = sorted(unquote(os.path.basename(u)) for u in fetcher.downloads)
@@ -135,7 +135,7 @@ class ActionModule(WheelAction):
                     args, profile, Target(str(target["python"]), target["platform"]), fetcher, wheelhouse
                 )
                 if args["fetch"] and not self._task.check_mode:
-                    fetch_wheelhouse(fetcher, lock, wheelhouse)
+                    fetch_wheelhouse(fetcher, lock, wheelhouse, profile)
             except PlanError as exc:
                 return self.fail(
                     result,

@@ -44,6 +44,7 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import (
 )
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._lock_rules import (
     companions_from_profile,
+    judge_linked_cuda,
     judge_lock,
     metadata_wanted,
     parse_uv_graph,
@@ -296,7 +297,12 @@ def _lock(profile, target, fetcher, uv, tools, today, where, computed):
     pins = list(pins.values())
     uv_kw = {"overrides": overrides, "cache_dir": uv_cache}
     packages = lock_entries(uv_compile(uv, pins, wheels, target, **uv_kw), chosen, target, "dependency")
-    rules_report = finish_lock(profile, packages, uv_graph(uv, pins, wheels, target, **uv_kw), target, metadata_of)
+    graph = uv_graph(uv, pins, wheels, target, **uv_kw)
+    # The chosen wheels are in the wheelhouse by now: a compiled one whose name and version carry no CUDA is
+    # judged by the CUDA libraries its shared objects link.
+    rules_report = finish_lock(profile, packages, graph, target, metadata_of, wheelhouse=wheelhouse or where["reuse"])
+    # Who required what: the post-fetch judgement (judge_fetched) names it for a wheel read only then.
+    rules_report["required_by"] = graph
     tool_entries = (
         lock_entries(uv_compile(uv, list(tools), wheels, target, cache_dir=uv_cache), {}, target, "tool")
         if tools
@@ -416,7 +422,7 @@ def _metadata_memo(fetcher: Fetcher):
     return metadata_of
 
 
-def finish_lock(profile: dict, packages: list, graph: dict, target: Target, metadata_of) -> dict:
+def finish_lock(profile: dict, packages: list, graph: dict, target: Target, metadata_of, wheelhouse=None) -> dict:
     """The lock rules (``_lock_rules.judge_lock``: companions paired, one CUDA major) over the resolved packages,
     before anything is written: raises LockRefused naming the pair or the package and who required it. METADATA is
     read only for the packages the pairing needs (the profile's companions, compiled wheels that require torch)."""
@@ -427,12 +433,14 @@ def finish_lock(profile: dict, packages: list, graph: dict, target: Target, meta
         entry = by_name[name]
         cand = make_candidate(entry.get("index") or "lock", entry["filename"], entry["url"])
         requires[name] = declared_requirements(metadata_of(cand), target)
-    return judge_lock(packages, graph, requires, profile)
+    return judge_lock(packages, graph, requires, profile, wheelhouse=wheelhouse)
 
 
-def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str) -> dict:
+def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str, profile: dict | None = None) -> dict:
     """Every locked wheel once into the controller's wheelhouse, sha256 verified; hosts install from copies. A wheel
-    already there is hashed only if it changed since its hash was recorded (``_index.HashRecord``)."""
+    already there is hashed only if it changed since its hash was recorded (``_index.HashRecord``). With
+    ``profile``, the wheels fetched only now (dependencies uv chose) are judged by the one-CUDA-major rule from
+    their shared objects (``judge_fetched``): raises LockRefused before the caller writes the lock."""
     fetched, reused, nbytes = [], [], 0
     record = HashRecord(wheelhouse)
     try:
@@ -447,7 +455,19 @@ def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str) -> dict:
     finally:
         record.save()
     note_installed_sizes(lock, wheelhouse)
+    if profile is not None:
+        judge_fetched(lock, profile, wheelhouse)
     return {"path": wheelhouse, "fetched": fetched, "reused": reused, "bytes": nbytes}
+
+
+def judge_fetched(lock: dict, profile: dict, wheelhouse: str) -> None:
+    """The one-CUDA-major rule over every compiled wheel of the lock, read from the wheelhouse that holds them all
+    now (``_lock_rules.judge_linked_cuda``); the rows join the lock's ``lock_rules`` report. Raises LockRefused."""
+    rules = lock.setdefault("lock_rules", {})
+    linked = judge_linked_cuda(lock["packages"], profile, wheelhouse, rules.get("required_by"))
+    rules["cuda"] = {**(rules.get("cuda") or {}), **linked["cuda"]}
+    rules["cuda_allowed"] = sorted(set(rules.get("cuda_allowed") or []) | set(linked["cuda_allowed"]))
+    rules["cuda_unread"] = sorted(set(rules.get("cuda_unread") or []) | set(linked["cuda_unread"]))
 
 
 def installed_size(path: str) -> int | None:
@@ -525,7 +545,7 @@ def report_lines(lock: dict) -> list:
     deps = [e for e in lock["packages"] if e["role"] == "dependency"]
     if deps:
         lines.append("dependencies (resolved by uv): " + ", ".join(f"{e['name']}=={e['version']}" for e in deps))
-    lines += hash_source_lines(lock["packages"] + lock["tools"])
+    lines += hash_source_lines(lock["packages"] + (lock.get("tools") or []))
     cache = lock.get("uv_cache")
     if cache:
         where = cache["path"] or "a temporary folder"

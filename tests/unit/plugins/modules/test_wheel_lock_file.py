@@ -72,7 +72,7 @@ def index(monkeypatch):
         state["targets"].append((target.platform, target.python_version))
         return fake_lock(target, state["kernel"], state["content"])
 
-    def fetch_wheelhouse(fetcher, lock, wheelhouse):
+    def fetch_wheelhouse(fetcher, lock, wheelhouse, profile=None):
         import os
 
         os.makedirs(wheelhouse, exist_ok=True)

@@ -7,6 +7,7 @@ sonames (libcudart.so.13 ...), then zipped into wheels as the planner's wheelhou
 
 from __future__ import annotations
 
+import pathlib
 import shutil
 import subprocess
 import zipfile
@@ -229,3 +230,39 @@ def test_after_the_fetch_a_dependency_s_kernel_wheel_is_judged_by_its_libraries(
     assert ok["cuda"] == {
         "sglang-kernel": {"version": "0.4.10", "cuda": 12, "from": "from libcudart.so.12 in sgl_kernel/common_ops.so"}
     }
+
+
+class _HeldFetcher:
+    """The wheelhouse already holds every file: fetch_wheelhouse downloads nothing."""
+
+    def download(self, url, dest, sha256, record):
+        assert pathlib.Path(dest).exists(), f"the test's wheelhouse lacks {dest}"
+        return False
+
+
+@needs_gcc
+def test_the_fetch_refuses_a_lock_whose_dependency_links_another_cuda_and_records_a_good_one(tmp_path):
+    from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheel_plan as wp
+
+    entries = kernel_torch_lock(tmp_path, shared_object(tmp_path, "common_ops.so", ["libcudart.so.12"]))
+    wheel(tmp_path, entries[2]["filename"], {"nvidia/cu13/lib/libcudart.so.13": b"not read"})
+    packages = [dict(e, url=f"file://{tmp_path / e['filename']}", sha256="0" * 64) for e in entries]
+
+    def lock():
+        return {
+            "packages": [dict(p) for p in packages],
+            "tools": [],
+            "lock_rules": {"required_by": {"sglang-kernel": ["sglang"]}},
+        }
+
+    with pytest.raises(
+        lr.LockRefused, match=r"after its wheels were fetched: sglang-kernel 0.4.10 is built for CUDA 12"
+    ):
+        wp.fetch_wheelhouse(_HeldFetcher(), lock(), str(tmp_path), profile())
+    good = lock()
+    wp.fetch_wheelhouse(_HeldFetcher(), good, str(tmp_path), profile(cuda="12.8"))
+    assert good["lock_rules"]["cuda"]["sglang-kernel"]["cuda"] == 12
+    # Without the profile (a reviewed lock file applied: judged when it was planned) nothing is judged.
+    untouched = lock()
+    wp.fetch_wheelhouse(_HeldFetcher(), untouched, str(tmp_path))
+    assert "cuda" not in untouched["lock_rules"]

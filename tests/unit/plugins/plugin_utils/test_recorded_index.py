@@ -93,6 +93,7 @@ def test_cu130_plans_on_the_real_data_with_its_overrides_listed(default_index):
     }
     # The pins sglang 0.5.9's real METADATA declares, each replaced by one override of the profile.
     assert sorted(report["sglang"]["overridden_pins"]) == [
+        "cuda-python==12.9",
         "flashinfer_cubin==0.6.3",
         "flashinfer_python==0.6.3",
         "torch==2.9.1",
@@ -101,6 +102,8 @@ def test_cu130_plans_on_the_real_data_with_its_overrides_listed(default_index):
     records = {r["requirement"]: r for r in w.override_records(rules, report)}
     assert records["flashinfer-python==0.6.4"]["replaced"] == [{"by": SGLANG, "pin": "flashinfer_python==0.6.3"}]
     assert records["torch<2.12,>=2.11.0.dev0"]["replaced"] == [{"by": SGLANG, "pin": "torch==2.9.1"}]
+    # torch 2.11 requires cuda-bindings 13: sglang 0.5.9's CUDA 12 pin of cuda-python is overridden, not resolved.
+    assert [r["pin"] for r in records["cuda-python<14,>=13.0"]["replaced"]] == ["cuda-python==12.9"]
     lock = {
         "profile": "cu130",
         "python": TARGET.python_version,
