@@ -31,6 +31,9 @@ SCHEMA = "gpufleet-lock-file/1"
 # kept. The planner's candidate report is long and changes with every listing: it goes to the report beside the file.
 ENTRY_KEYS = ("platform", "python", "hash", "hash12", "venv_name", "packages", "tools", "overrides", "lock_rules")
 PACKAGE_KEYS = ("name", "version", "filename", "url", "sha256", "index", "size", "role")
+# Written only where the planner knew them (lock files written before them lack them): who computed the hash
+# (index, controller, uv) and what the wheel takes unpacked (preflight sizes the new venv by it).
+OPTIONAL_PACKAGE_KEYS = ("sha256_source", "installed_size")
 _PLATFORM = re.compile(r"^(?P<arch>[A-Za-z0-9_]+)-(?:manylinux_(?P<major>\d+)_(?P<minor>\d+)|linux)$")
 HEADER = (
     "# gpufleet lock file: the wheel set the fleet runs, planned by playbooks/plan.yml.\n"
@@ -115,16 +118,21 @@ def select_entry(doc: dict, platform: str, python: str, host: str = "host") -> d
 # ---------------------------------------------------------------------------------------------------- document
 
 
+def _package(package: dict) -> dict:
+    out = {k: package.get(k) for k in PACKAGE_KEYS}
+    out.update({k: package[k] for k in OPTIONAL_PACKAGE_KEYS if package.get(k) is not None})
+    return out
+
+
 def entry_from_lock(lock: dict) -> dict:
     """The lock file's entry of one planner lock: ``ENTRY_KEYS``, packages and tools in name order."""
     entry = {key: copy.deepcopy(lock.get(key)) for key in ENTRY_KEYS}
     entry["python"] = str(entry["python"])
     for key in ("packages", "tools"):
-        entry[key] = sorted(
-            ({k: p.get(k) for k in PACKAGE_KEYS} for p in entry[key] or []), key=lambda p: (p["name"], p["filename"])
-        )
+        entry[key] = sorted((_package(p) for p in entry[key] or []), key=lambda p: (p["name"], p["filename"]))
     entry["overrides"] = entry["overrides"] or []
-    entry["lock_rules"] = entry["lock_rules"] or {}
+    # The dependency graph the planner judged with stays in the planner's lock: the reviewed file names the rows.
+    entry["lock_rules"] = {k: v for k, v in (entry["lock_rules"] or {}).items() if k != "required_by"}
     return entry
 
 

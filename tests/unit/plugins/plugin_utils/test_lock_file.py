@@ -290,3 +290,16 @@ def test_the_prepare_note_says_where_the_lock_came_from():
     assert _outcome.phase_note("prepare", {"venv_rebuild_path": "/opt/v"}) == {
         "prepare": "ok: /opt/v built and verified, the host still serving"
     }
+
+
+def test_the_file_keeps_who_computed_a_hash_and_the_installed_size_but_not_the_planner_s_graph(tmp_path):
+    planned = lock()
+    planned["packages"][0].update(sha256_source="controller", installed_size=52_000)
+    planned["lock_rules"]["required_by"] = {"six": ["lab-sgl-kernel"]}
+    path = tmp_path / "fleet.lock.yml"
+    lf.write(str(path), lf.dumps(lf.make_document(PROFILE, [planned], "t")))
+    packages = {p["name"]: p for p in lf.read(str(path))["entries"][0]["packages"]}
+    assert packages["six"]["sha256_source"] == "controller" and packages["six"]["installed_size"] == 52_000
+    # A package the planner said nothing of carries neither key (as in lock files written before them).
+    assert "sha256_source" not in packages["lab-sgl-kernel"] and "installed_size" not in packages["lab-sgl-kernel"]
+    assert "required_by" not in lf.read(str(path))["entries"][0]["lock_rules"]
