@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters over venv locks: lock_pins, lock_differences, lock_requirements, lock_package_lists.
+"""Filters over venv locks: lock_pins, lock_differences, lock_tooling_needed, lock_requirements, lock_package_lists.
 
 Each filter is documented in ``<name>.yml`` beside this file (the ansible-core convention for a file of several
 filters); the logic is ``plugin_utils/_lock.py``, unit-tested without Ansible.
@@ -40,6 +40,11 @@ def lock_differences(expected, installed, skip=()):
 
 
 @_filter
+def lock_tooling_needed(value, tooling, check_output):
+    return _lock.tooling_needed(value, tooling, check_output)
+
+
+@_filter
 def lock_requirements(entries, hashes=True, comment_prefix="", header=""):
     return _lock.requirements_text(entries, hashes=hashes, comment_prefix=comment_prefix, header=header)
 
@@ -51,4 +56,7 @@ def lock_package_lists(installed, entries):
 
 class FilterModule:
     def filters(self):
-        return {f.__name__: f for f in (lock_pins, lock_differences, lock_requirements, lock_package_lists)}
+        return {
+            f.__name__: f
+            for f in (lock_pins, lock_differences, lock_tooling_needed, lock_requirements, lock_package_lists)
+        }

@@ -9,6 +9,7 @@ for tasks. The filter plugin ``lock.py`` is a thin wrapper that turns LockError 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _backup as bk
@@ -55,6 +56,24 @@ def pins(value, skip=(), what="lock") -> list:
             )
         out.append(f"{bk.canonical_name(package['name'])}=={package['version']}")
     return sorted(out)
+
+
+# `uv pip check`'s line for a requirement nothing installed satisfies.
+_NOT_INSTALLED = re.compile(r"^The package `[^`]+` requires `([A-Za-z0-9._-]+)[^`]*`, but it's not installed$")
+
+
+def tooling_needed(value, tooling, check_output, what="lock") -> list:
+    """Pins of the lock's venv tooling (pip, setuptools, wheel: ``tooling``) that the packages installed without it
+    require: the names `uv pip check` (``check_output``) reports required but not installed, at the version the lock
+    pins. A venv rebuilt from a lock leaves tooling out (a seeded pip is no requirement, and an index may not carry
+    it) unless something needs it: torch requires setuptools."""
+    wanted = {bk.canonical_name(name) for name in tooling}
+    required = set()
+    for line in as_text(check_output, "uv pip check output").splitlines():
+        match = _NOT_INSTALLED.match(line.strip())
+        if match and bk.canonical_name(match.group(1)) in wanted:
+            required.add(bk.canonical_name(match.group(1)))
+    return [pin for pin in pins(value, what=what) if pin.split("==", 1)[0] in required]
 
 
 def differences(expected, installed, skip=()) -> list:

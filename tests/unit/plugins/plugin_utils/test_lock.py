@@ -76,3 +76,22 @@ def test_package_lists_compare_the_venv_with_the_lock():
     assert _lock.package_lists(None, [])["before"] == []
     with pytest.raises(_lock.LockError, match="installed packages must be a list"):
         _lock.package_lists("torch==2.8.0", [])
+
+
+def test_tooling_needed_names_only_the_tooling_a_package_requires_at_the_lock_s_version():
+    freeze = "pip==23.0.1\nsetuptools==66.1.1\nsix==1.16.0\ntorch==2.9.1\n"
+    check = (
+        "Checked 3 packages in 1ms\nFound 2 incompatibilities\n"
+        "The package `torch` requires `setuptools>=40`, but it's not installed\n"
+        "The package `torch` requires `sympy`, but it's not installed\n"
+    )
+    assert _lock.tooling_needed(freeze, ["pip", "setuptools", "wheel"], check) == ["setuptools==66.1.1"]
+    # A seeded pip nothing requires stays out; a clean check needs nothing.
+    assert (
+        _lock.tooling_needed(
+            freeze, ["pip", "setuptools", "wheel"], "Checked 3 packages in 1ms\nAll installed packages are compatible\n"
+        )
+        == []
+    )
+    # Required but not pinned: the lock cannot say which version, so nothing is installed for it.
+    assert _lock.tooling_needed("torch==2.9.1\n", ["setuptools"], check) == []
