@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import json
+import os
 import re
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def pip_check(uv):
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
-def main(spec_text, uv=None):
+def main(spec_text, uv=None, answer=None):
     spec = json.loads(spec_text)
     failures, checks = [], {}
     installed = {canon(d.metadata["Name"]): d.version for d in md.distributions()}
@@ -208,9 +209,23 @@ def main(spec_text, uv=None):
             checks["pip_check_overridden"] = accepted
             if failing or not accepted:
                 failures.append(f"uv pip check: {'; '.join(failing) or out}")
-    print(json.dumps({"ok": not failures, "failures": failures, "checks": checks}, sort_keys=True))
+    print(
+        json.dumps({"ok": not failures, "failures": failures, "checks": checks}, sort_keys=True),
+        file=answer or sys.stdout,
+    )
     return 0 if not failures else 1
 
 
+def run_with_clean_stdout(argv):
+    """``main`` with file descriptor 1 pointed at stderr while the checks import the venv's packages: what they print
+    at import time (sgl_kernel's loader, a C extension's printf) goes to stderr, and stdout carries only the one
+    JSON answer, which venv_host.py parses."""
+    sys.stdout.flush()
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    with answer:
+        return main(*argv, answer=answer)
+
+
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(run_with_clean_stdout(sys.argv[1:3]))

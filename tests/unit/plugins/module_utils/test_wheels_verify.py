@@ -121,3 +121,28 @@ def test_pip_check_conflicts_are_accepted_only_for_overridden_packages(tmp_path)
     ]
     rc, out = run([])
     assert rc == 1 and "torch==2.9.1" in out["failures"][0] and "flashinfer-python==0.6.3" in out["failures"][0]
+
+
+def test_what_a_package_prints_at_import_does_not_corrupt_the_answer(tmp_path):
+    # A package that prints at import time, from Python and from C (os.write on fd 1, as a C extension's printf):
+    # the answer on stdout is still the one JSON document, the prints go to stderr.
+    site = tmp_path / "site"
+    (site / "noisy").mkdir(parents=True)
+    (site / "noisy" / "__init__.py").write_text(
+        "import os\nprint('[noisy] loading')\nos.write(1, b'[noisy] from C\\n')\n"
+    )
+    info = site / "noisy-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: noisy\nVersion: 1.0\n")
+    (info / "RECORD").write_text("noisy/__init__.py,,\n")
+    spec = {"packages": {"noisy": "1.0"}, "imports": ["noisy"]}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc
+    assert json.loads(proc.stdout)["checks"]["imports"] == {"noisy": ["noisy"]}, proc.stdout
+    assert "[noisy] loading" in proc.stderr and "[noisy] from C" in proc.stderr, proc.stderr
