@@ -19,6 +19,7 @@ import error fails.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.metadata as md
 import json
@@ -100,10 +101,32 @@ def missing_driver_library(exc):
     return None
 
 
-def judge_import_error(mod, name, exc, gpu_required, why=""):
-    """``(failure, not_judged)`` of a failed import: one of them is None."""
+# What a package says when it refuses to load for want of a GPU, on a host with no NVIDIA driver at all (DeepEP:
+# "The NVIDIA driver does not expose a usable CUDA device"): judged only where the driver library is absent.
+_NEEDS_A_GPU = re.compile(r"NVIDIA driver|CUDA (?:device|driver)|no CUDA GPUs|libcuda", re.IGNORECASE)
+
+
+def driver_absent(library="libcuda.so.1"):
+    """True when this host's loader cannot open the NVIDIA driver's library (a host without a GPU)."""
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return True
+    return False
+
+
+def judge_import_error(mod, name, exc, gpu_required, why="", no_driver=False):
+    """``(failure, not_judged)`` of a failed import: one of them is None. ``no_driver``: the host has no NVIDIA
+    driver library at all, so an import error that says it wants the driver or a CUDA device is that, too."""
     said = f"{type(exc).__name__}: {exc}"
     library = missing_driver_library(exc)
+    if (
+        not library
+        and no_driver
+        and isinstance(exc, (ImportError, OSError, RuntimeError))
+        and _NEEDS_A_GPU.search(said)
+    ):
+        library = "libcuda.so.1"
     if library and not gpu_required:
         return None, f"{NOT_JUDGED.format(library)} (from {name}: {said})"
     if library:
@@ -160,6 +183,8 @@ def main(spec_text, uv=None, answer=None):
         if local != tag:
             failures.append(f"{name} {have}: CUDA local tag {local or '(none)'!r}, the profile requires {tag!r}")
     modules, not_judged = {}, {}
+    no_driver = driver_absent()
+    checks["nvidia_driver"] = "absent" if no_driver else "present"
     extensions = [n for n in compiled_extensions_of() if n not in {canon(i) for i in spec.get("imports", [])}]
     checks["torch_extensions"] = extensions
     for name in list(spec.get("imports", [])) + extensions:
@@ -178,7 +203,9 @@ def main(spec_text, uv=None, answer=None):
                     if name in extensions
                     else ""
                 )
-                failure, unjudged = judge_import_error(mod, name, exc, spec.get("gpu_required", True), why)
+                failure, unjudged = judge_import_error(
+                    mod, name, exc, spec.get("gpu_required", True), why, no_driver=no_driver
+                )
                 if failure:
                     failures.append(failure)
                 else:
@@ -186,12 +213,17 @@ def main(spec_text, uv=None, answer=None):
     checks["not_judged"] = not_judged
     checks["imports"] = modules
     for name in spec.get("torch_like", []):
+        # A distribution ships several top-level modules (torch: torch, functorch, torchgen); the ones with a
+        # version.cuda say which CUDA it was built for, and at least one must.
+        found = {}
         for mod in (m for m in modules.get(name, []) if m not in not_judged):
             try:
-                cuda = importlib.import_module(f"{mod}.version").cuda
-            except Exception as exc:
-                failures.append(f"{mod}.version.cuda unreadable: {exc}")
+                found[mod] = importlib.import_module(f"{mod}.version").cuda
+            except (ImportError, AttributeError):
                 continue
+        if not found and name in modules and not set(modules[name]) & set(not_judged):
+            failures.append(f"{name}: none of its modules ({', '.join(modules[name])}) has version.cuda")
+        for mod, cuda in found.items():
             checks[f"{mod}.version.cuda"] = cuda
             if spec.get("cuda_version") and cuda != spec["cuda_version"]:
                 failures.append(f"{mod}.version.cuda is {cuda!r}, the profile's CUDA is {spec['cuda_version']!r}")

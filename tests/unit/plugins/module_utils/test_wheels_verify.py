@@ -146,3 +146,60 @@ def test_what_a_package_prints_at_import_does_not_corrupt_the_answer(tmp_path):
     assert proc.returncode == 0, proc
     assert json.loads(proc.stdout)["checks"]["imports"] == {"noisy": ["noisy"]}, proc.stdout
     assert "[noisy] loading" in proc.stderr and "[noisy] from C" in proc.stderr, proc.stderr
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_venv_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_package_that_wants_a_cuda_device_is_not_judged_only_where_the_driver_is_absent():
+    vv = _module()
+    exc = ImportError("The NVIDIA driver does not expose a usable CUDA device. See the package's host prerequisites")
+    failure, unjudged = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, False, no_driver=True)
+    assert failure is None and unjudged.startswith("needs the NVIDIA driver (libcuda.so.1), not judged"), unjudged
+    # The driver is there: the same words are a real failure; so is any other error on a host without one.
+    failure, _ = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, False, no_driver=False)
+    assert failure.startswith("import deep_ep (from sgl-deep-ep) failed: ImportError: The NVIDIA driver"), failure
+    failure, _ = vv.judge_import_error("x", "x", ImportError("No module named 'y'"), False, no_driver=True)
+    assert failure == "import x (from x) failed: ImportError: No module named 'y'"
+    # A GPU required: wanting the driver fails, naming the fix.
+    failure, _ = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, True, no_driver=True)
+    assert "fix: install the NVIDIA driver" in failure
+
+
+def test_torch_like_cuda_is_read_from_the_modules_that_have_a_version(tmp_path):
+    # torch ships torch, functorch and torchgen: only torch has version.cuda, and that is enough.
+    site = tmp_path / "site"
+    for mod in ("faketorch", "fakefunctorch"):
+        (site / mod).mkdir(parents=True)
+        (site / mod / "__init__.py").write_text("")
+    (site / "faketorch" / "version.py").write_text("cuda = '13.0'\n")
+    info = site / "faketorch-2.11.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: faketorch\nVersion: 2.11.0\n")
+    (info / "top_level.txt").write_text("faketorch\nfakefunctorch\n")
+    (info / "RECORD").write_text("faketorch/__init__.py,,\nfakefunctorch/__init__.py,,\n")
+    spec = {
+        "packages": {"faketorch": "2.11.0"},
+        "imports": ["faketorch"],
+        "torch_like": ["faketorch"],
+        "cuda_version": "13.0",
+    }
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(spec)], capture_output=True, text=True, check=False, env=env
+    )
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["checks"]["faketorch.version.cuda"] == "13.0", out
+    (site / "faketorch" / "version.py").unlink()
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(spec)], capture_output=True, text=True, check=False, env=env
+    )
+    assert json.loads(proc.stdout)["failures"] == [
+        "faketorch: none of its modules (fakefunctorch, faketorch) has version.cuda"
+    ]
