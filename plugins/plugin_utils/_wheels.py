@@ -879,23 +879,3 @@ def lock_hash(entries: list, target: Target) -> str:
         "wheels": sorted((e["filename"], e["sha256"]) for e in entries),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def requirements_text(entries: list) -> str:
-    """A requirements file uv installs with --require-hashes from the hosts' wheelhouse."""
-    lines = [
-        f"{e['name']}=={e['version']} --hash=sha256:{e['sha256']}" for e in sorted(entries, key=lambda e: e["name"])
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def lock_diff(installed: dict, entries: list) -> tuple:
-    """(before, after) text of ``name==version`` lines: what the current venv has vs. what the lock installs."""
-    before = "".join(
-        f"{canonicalize_name(n)}=={v}\n" for n, v in sorted(installed.items(), key=lambda i: canonicalize_name(i[0]))
-    )
-    after = "".join(
-        f"{canonicalize_name(e['name'])}=={e['version']}\n"
-        for e in sorted(entries, key=lambda e: canonicalize_name(e["name"]))
-    )
-    return before, after

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _index as ix
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheel_plan as wp
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as w
 
@@ -250,7 +251,7 @@ def test_overrides_replace_pins_in_the_plan_and_in_uvs_resolution_and_the_venv_p
     wheelhouse = tmp_path / "wh"
     wp.fetch_wheelhouse(ix.Fetcher(timeout=10), lock, str(wheelhouse))
     reqs = tmp_path / "requirements.txt"
-    reqs.write_text(w.requirements_text(lock["packages"]))
+    reqs.write_text(_lock.requirements_text(lock["packages"]))
     subprocess.run(
         [
             uv,
