@@ -56,7 +56,8 @@ options:
   result:
     description: Outcome of the run so far.
     type: str
-    choices: [in_progress, upgraded, repaired, prepared, stopped, rolled_back, rollback_failed, failed_preflight, failed]
+    choices:
+      [in_progress, upgraded, repaired, prepared, stopped, rolled_back, rollback_failed, failed_preflight, failed]
   reason:
     description: Why the run ended as it did.
     type: str

@@ -80,7 +80,9 @@ def planned(monkeypatch):
 
     monkeypatch.setattr(action, "make_lock", make_lock)
     monkeypatch.setattr(action, "find_uv", lambda path: "/usr/bin/uv")
-    monkeypatch.setattr(action, "fetch_wheelhouse", lambda f, lock, wh, profile=None: {"path": wh, "fetched": [], "reused": []})
+    monkeypatch.setattr(
+        action, "fetch_wheelhouse", lambda f, lock, wh, profile=None: {"path": wh, "fetched": [], "reused": []}
+    )
     return calls
 
 
