@@ -61,7 +61,7 @@ def timed_upgrade(fleet, run_playbook, **extra):
 def test_a_stop_point_that_would_leave_the_host_drained_is_refused(fleet, run_playbook, node_exec):
     node = fleet.nodes[0]
     before = serving(node_exec, node)
-    refused, _ = timed_upgrade(fleet, run_playbook, gpufleet_stop_after="drain")
+    refused = timed_upgrade(fleet, run_playbook, gpufleet_stop_after="drain")[0]
     assert refused.rc != 0, refused
     assert f"{node}: gpufleet_stop_after is 'drain'" in refused.stdout and "cuda_toolkit, prepare)" in refused.stdout
     # Refused on the controller: no task reached the host.

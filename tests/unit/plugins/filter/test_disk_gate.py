@@ -11,7 +11,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.upgrade.plugins.filter import disk
 
 GIB = 1 << 30
-DF_APART = ["Mounted on Avail", f"/opt {100 * GIB}", f"/srv {8 * GIB}"]
+DF_APART = ("Mounted on Avail", f"/opt {100 * GIB}", f"/srv {8 * GIB}")
 DF_ONE = ["Mounted on Avail", f"/ {15 * GIB}", f"/ {15 * GIB}"]
 DU = [f"{4 * GIB}\t/srv/gpufleet/venvs/old", f"{6 * GIB}\t/opt/cuda-12.8"]
 
@@ -32,7 +32,7 @@ def gate(df=DF_APART, **kw):
         "cuda_path": "/opt/cuda-12.8",
         "toolkit_installed": False,
     }
-    return disk.disk_gate(df, **{**args, **kw})
+    return disk.disk_gate(list(df), **{**args, **kw})
 
 
 def test_the_new_venv_is_sized_from_the_lock_when_every_wheel_has_its_installed_size():

@@ -163,12 +163,12 @@ def test_a_package_that_wants_a_cuda_device_is_not_judged_only_where_the_driver_
     failure, unjudged = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, False, no_driver=True)
     assert failure is None and unjudged.startswith("needs the NVIDIA driver (libcuda.so.1), not judged"), unjudged
     # The driver is there: the same words are a real failure; so is any other error on a host without one.
-    failure, _ = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, False, no_driver=False)
+    failure = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, False, no_driver=False)[0]
     assert failure.startswith("import deep_ep (from sgl-deep-ep) failed: ImportError: The NVIDIA driver"), failure
-    failure, _ = vv.judge_import_error("x", "x", ImportError("No module named 'y'"), False, no_driver=True)
+    failure = vv.judge_import_error("x", "x", ImportError("No module named 'y'"), False, no_driver=True)[0]
     assert failure == "import x (from x) failed: ImportError: No module named 'y'"
     # A GPU required: wanting the driver fails, naming the fix.
-    failure, _ = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, True, no_driver=True)
+    failure = vv.judge_import_error("deep_ep", "sgl-deep-ep", exc, True, no_driver=True)[0]
     assert "fix: install the NVIDIA driver" in failure
 
 

@@ -24,7 +24,7 @@ def controller(tmp_path):
     wheels.mkdir()
     (wheels / WHEEL).write_bytes(b"w" * 4096)
     # The two slices' ansible-playbook processes: each cache ends with the process that started it.
-    owners = [subprocess.Popen(["sleep", "120"]) for _ in range(2)]
+    owners = [subprocess.Popen(["sleep", "120"]), subprocess.Popen(["sleep", "120"])]
     yield tmp_path, wheels, owners
     for run in ("runs/slice-a", "runs/slice-b"):
         fc.stop(str(tmp_path / run))
