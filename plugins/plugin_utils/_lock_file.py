@@ -400,7 +400,10 @@ def recorded_lock(record: dict | None, profile: str) -> dict:
         "venv_name": lock["venv_name"],
         "packages": packages,
         "tools": [],
-        "source": "host",
+        # With the state file lost, the host still keeps the lock of the verified venv current points at.
+        "source": "host, its state file missing: the lock of the venv current points at"
+        if lock.get("from") == "current"
+        else "host",
         "path": record.get("lock_text_path"),
     }
 

@@ -419,6 +419,9 @@ def test_lost_backups_and_lost_run_record(fleet, run_playbook, node_exec, baseli
     verdict = audit.audit_reports()[n2]
     assert not verdict["in_sync"], verdict
     assert any(f"the host's run record {STATE} is missing" in line for line in verdict["drift"]), verdict["drift"]
+    # One line: the venv is judged against the lock the host still keeps for the verified venv current points at,
+    # not reported a second time as "records no lock".
+    assert len(verdict["drift"]) == 1, verdict["drift"]
 
     copy = Path(fleet.inventory).parent / "controller" / "backups" / n1 / first_backup[n1]
     env_copy = next(p for p in copy.rglob("*.env") if p.is_file())

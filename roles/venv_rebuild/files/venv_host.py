@@ -204,12 +204,41 @@ def recorded_lock(serving_root, state_path):
     try:
         with open(state_path, encoding="utf-8") as handle:
             lock = json.load(handle).get("lock")
+    except FileNotFoundError:
+        return lock_of_current(serving_root, record)
     except (OSError, ValueError, AttributeError):
         return record
     if isinstance(lock, dict) and lock.get("venv_name"):
         record["lock"] = lock
         record["lock_text_path"] = os.path.join(serving_root, "locks", os.path.basename(lock["venv_name"]) + ".txt")
         record["lock_text"] = read(record["lock_text_path"])
+    return record
+
+
+def lock_of_current(serving_root, record):
+    """With the state file gone, the lock the host still keeps for the venv ``current`` points at: the build's
+    ``locks/<venv_name>.txt``, whose header names that venv and the lock's hash, which the venv's verified mark
+    repeats. ``record["lock"]`` says it came from there (``from: current``); anything that does not agree leaves no
+    lock, and the audit says the host records none."""
+    record["state_missing"] = True
+    link = os.path.join(serving_root, "current")
+    if not os.path.islink(link):
+        return record
+    venv = os.path.realpath(link)
+    name = os.path.basename(venv).split(".repair-", 1)[0]
+    path = os.path.join(serving_root, "locks", name + ".txt")
+    text = read(path)
+    header = re.search(r"^# (\S+): lock ([0-9a-f]{64})$", text or "", re.MULTILINE)
+    if not header or header.group(1) != name or read(os.path.join(venv, MARK)) != header.group(2):
+        return record
+    digest = header.group(2)
+    if not name.endswith("-" + digest[:12]):
+        return record
+    record.update(
+        lock={"venv_name": name, "hash": digest, "profile": name[: -len(digest[:12]) - 1], "from": "current"},
+        lock_text=text,
+        lock_text_path=path,
+    )
     return record
 
 

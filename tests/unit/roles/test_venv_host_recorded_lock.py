@@ -63,6 +63,7 @@ def test_a_state_file_without_a_lock_or_missing_gives_no_record(host, tmp_path):
     serving, state = host
     state.write_text(json.dumps({"run_id": "r1", "result": "failed_preflight"}))
     assert vh.locate(str(serving), str(state))["recorded"]["lock"] is None
+    # No state file and no current venv: nothing recorded.
     assert vh.locate(str(serving), str(tmp_path / "absent.json"))["recorded"]["lock"] is None
     assert "records no lock" in lf.recorded_lock(vh.locate(str(serving), str(state))["recorded"], "lab")["no_lock"]
 
@@ -73,3 +74,29 @@ def test_a_recorded_lock_whose_text_is_gone_is_named(host):
     recorded = vh.locate(str(serving), str(state))["recorded"]
     assert recorded["lock_text"] is None
     assert f"locks/{VENV}.txt, is missing" in lf.recorded_lock(recorded, "lab")["no_lock"]
+
+
+def test_a_lost_state_file_falls_back_to_the_lock_of_the_verified_venv_current_points_at(host):
+    serving, state = host
+    state.unlink()
+    # Without a current venv there is nothing the host still knows.
+    assert vh.locate(str(serving), str(state))["recorded"]["lock"] is None
+    venv = serving / "venvs" / VENV
+    venv.mkdir(parents=True)
+    (serving / "current").symlink_to(f"venvs/{VENV}")
+    # A venv without the verified mark of that lock is no evidence either.
+    assert vh.locate(str(serving), str(state))["recorded"]["lock"] is None
+    (venv / vh.MARK).write_text(HASH + "\n")
+    recorded = vh.locate(str(serving), str(state))["recorded"]
+    assert recorded["state_missing"] and recorded["lock"] == {
+        "venv_name": VENV,
+        "hash": HASH,
+        "profile": "lab",
+        "from": "current",
+    }
+    taken = lf.recorded_lock(recorded, "lab")
+    assert "no_lock" not in taken and taken["hash"] == HASH and "state file missing" in taken["source"]
+    assert taken["packages"] == [{"name": p["name"], "version": p["version"]} for p in PACKAGES]
+    # The mark of another lock: not this lock's venv.
+    (venv / vh.MARK).write_text("8" * 64 + "\n")
+    assert vh.locate(str(serving), str(state))["recorded"]["lock"] is None
