@@ -68,8 +68,14 @@ molecule: mirrors
 ## A lab that breaks (a full disk, a stopped mirror) fails every test after it slowly: stop after a few failures so
 ## their tracebacks print within CI's time limit (INTEGRATION_MAXFAIL=0 runs everything).
 INTEGRATION_MAXFAIL ?= 3
+## Lab tests wait on SSH round trips, unit restarts and health polls more than they compute (load about 1.5 on two
+## cores with one module at a time): modules run side by side, each whole on one xdist worker (--dist loadfile keeps
+## a module's fleet and its tests' order together; every module's fleet has its own name; the mirrors are shared).
+## INTEGRATION_WORKERS=0 runs them one after another.
+INTEGRATION_WORKERS ?= 3
 integration: mirrors
-	$(PY) -m pytest tests/integration -q -rfE --durations=25 --maxfail=$(INTEGRATION_MAXFAIL) -m "not long" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q -rfE --durations=25 --maxfail=$(INTEGRATION_MAXFAIL) -m "not long" \
+	  $(if $(filter-out 0,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
 ## Lab runs too long for every CI run (the HAProxy drain under load across a rolling upgrade of 4 hosts).
 integration-long: mirrors
