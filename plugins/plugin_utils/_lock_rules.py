@@ -438,7 +438,7 @@ def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelh
     }
 
 
-def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict | None = None) -> dict:
+def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict | None = None, judged=()) -> dict:
     """The one-CUDA-major rule for the wheels whose CUDA only their shared objects tell, once the wheelhouse holds
     the whole lock (a dependency's wheel is fetched after the lock is made, so judge_lock could not read it).
     Returns the report part as judge_lock does (``cuda`` holds those packages only); raises LockRefused."""
@@ -446,7 +446,8 @@ def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict
     table = {}
     for entry in entries:
         found = own_cuda(entry["name"], entry["version"])
-        if found or entry["name"] in BUILT_FOR_REQUIRED_CUDA:
+        # ``judged``: packages judge_lock already placed (their wheels read once, as the lock was made).
+        if found or entry["name"] in BUILT_FOR_REQUIRED_CUDA or entry["name"] in judged:
             table[entry["name"]] = None  # judged by judge_lock from its name, version or requirements
     files = wheel_files(entries, wheelhouse)
     linked_cuda(entries, table, files)

@@ -464,7 +464,9 @@ def judge_fetched(lock: dict, profile: dict, wheelhouse: str) -> None:
     """The one-CUDA-major rule over every compiled wheel of the lock, read from the wheelhouse that holds them all
     now (``_lock_rules.judge_linked_cuda``); the rows join the lock's ``lock_rules`` report. Raises LockRefused."""
     rules = lock.setdefault("lock_rules", {})
-    linked = judge_linked_cuda(lock["packages"], profile, wheelhouse, rules.get("required_by"))
+    linked = judge_linked_cuda(
+        lock["packages"], profile, wheelhouse, rules.get("required_by"), judged=set(rules.get("cuda") or {})
+    )
     rules["cuda"] = {**(rules.get("cuda") or {}), **linked["cuda"]}
     rules["cuda_allowed"] = sorted(set(rules.get("cuda_allowed") or []) | set(linked["cuda_allowed"]))
     rules["cuda_unread"] = sorted(set(rules.get("cuda_unread") or []) | set(linked["cuda_unread"]))
