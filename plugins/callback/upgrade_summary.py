@@ -55,10 +55,12 @@ AUDIT_RUN_FACT = "gpufleet_audit_run"
 VERDICT_FACT = "assess_result"
 ROLE_FACTS = ("preflight_report", "assess_result", "postcheck_baseline", "postcheck_result")
 RUN_DIR_FACT = "gpufleet_run_dir"
-# The phase the upgrade notes in memory (playbooks/tasks/phase.yml): {name, completed}; its changes time the phases.
-PHASE_FACT = "__gpufleet_phase"
+# The phase the upgrade is in (playbooks/tasks/phase.yml publishes it): {name, completed}; its changes time the phases.
+PHASE_FACT = "gpufleet_phase"
 SYSTEMD_ACTIONS = ("ansible.builtin.systemd_service", "ansible.builtin.systemd", "systemd_service", "systemd")
-# The register name of role serving's /health wait (roles/serving/tasks/wait.yml): its answer ends the downtime.
+# The register of role serving's /health wait (roles/serving/tasks/wait.yml): the task that answers ends the downtime.
+# A private name read from outside its role, the one docs/design.md allows ("Facts roles publish"): the callback knows
+# the task by it as the task runs, and no fact is published there, since the wait's result is of use to no task.
 HEALTH_WAIT_REGISTER = "__serving_health"
 
 

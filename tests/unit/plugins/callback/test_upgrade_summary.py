@@ -3,6 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+from ansible_collections.gpufleet.upgrade.plugins.callback import upgrade_summary as us
 from ansible_collections.gpufleet.upgrade.plugins.callback.upgrade_summary import render
 
 
@@ -46,3 +50,16 @@ def test_totals_group_outcomes_by_kind():
 
 def test_nothing_to_say():
     assert render({}) == ""
+
+
+def test_the_callback_reads_the_names_the_playbook_and_role_serving_set():
+    repo = Path(__file__).resolve().parents[4]
+
+    def sets(path, name, how):
+        return re.search(rf"^\s+{how}{name}\b", (repo / path).read_text(), re.M) is not None
+
+    assert sets("playbooks/tasks/phase.yml", us.PHASE_FACT, "")
+    assert sets("playbooks/plays/upgrade_hosts.yml", us.PHASE_FACT, "")
+    assert not us.PHASE_FACT.startswith("_")  # published: docs/design.md lists it
+    assert f"`{us.PHASE_FACT}`" in (repo / "docs/design.md").read_text()
+    assert sets("roles/serving/tasks/wait.yml", us.HEALTH_WAIT_REGISTER, "register: ")
