@@ -7,14 +7,14 @@ cd "$(dirname "$0")/.."
 
 need=()
 # chromium: the fleet report's HTML is opened in headless Chromium by its tests.
-for tool in podman runc debootstrap xz haproxy slurmctld slurmd munged chromium; do
+for tool in podman runc debootstrap xz haproxy nginx slurmctld slurmd munged chromium; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 if ((${#need[@]})); then
   echo "setup: installing system packages for: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
-  apt-get install -y -q podman runc debootstrap xz-utils uidmap haproxy slurmctld slurmd slurm-client munge chromium >/dev/null
+  apt-get install -y -q podman runc debootstrap xz-utils uidmap haproxy nginx-light slurmctld slurmd slurm-client munge chromium >/dev/null
 fi
 
 stamp=.venv/.tooling-$(sha256sum requirements/tooling.txt | cut -c1-12)
