@@ -5,7 +5,9 @@
 - Installed into an empty collections path with the collections galaxy.yml declares (copied from the tooling venv's
   ``ansible`` bundle: no Galaxy server here) in a venv holding only ansible-core and requirements.txt, it upgrades a
   lab host with ``ansible-playbook gpufleet.upgrade.upgrade`` from a folder outside the checkout, the summary
-  callback enabled as the README says, the site's profile found through ``gpufleet_stack_search_dirs``.
+  callback enabled as the README says, the site's profile found through ``gpufleet_stack_search_dirs``; then a
+  failure injected after the switch is rolled back automatically from the install (the rescue path needs nothing
+  undeclared).
 """
 
 from __future__ import annotations
@@ -200,7 +202,9 @@ def test_installed_module_runs_from_the_install(released):
 
 
 @pytest.mark.integration
-def test_installed_collection_upgrades_audits_and_rolls_back_a_lab_host_from_outside_the_checkout(released, lab_fleet):
+def test_installed_collection_upgrades_audits_and_rolls_back_a_lab_host_from_outside_the_checkout(
+    released, lab_fleet, node_exec
+):
     site, env, bindir = released
     fleet = lab_fleet(1, name="it-collection-build")
     node = fleet.nodes[0]
@@ -237,6 +241,17 @@ def test_installed_collection_upgrades_audits_and_rolls_back_a_lab_host_from_out
     out, summary = playbook("rollback")
     assert summary["hosts"][node]["outcome_kind"] == "restored", summary
     assert served(fleet, node)["cuda_home"] == "/usr/local/cuda-12.8"
+
+    # The rescue path as installed: a failure after the switch is rolled back automatically with only ansible-core
+    # and the declared collections (a rollback that needed an undeclared collection ended the run with rc 4, the host
+    # on the new venv, the lock held and no report).
+    out, summary = playbook("upgrade", "-e", "gpufleet_fault_inject=after_venv", rc=2)
+    assert summary["hosts"][node]["outcome_kind"] == "rolled_back", summary
+    assert served(fleet, node)["cuda_home"] == "/usr/local/cuda-12.8", "the old stack does not serve"
+    node_state = json.loads(node_exec(node, "cat /var/lib/gpufleet/state.json").stdout)
+    assert node_state["result"] == "rolled_back", node_state
+    held = node_exec(node, "test -e /var/lib/gpufleet/upgrade.lock && echo held || echo free")
+    assert held.stdout.strip() == "free", "the automatic rollback left the host lock held"
 
     # Printed, not asserted: ansible-core 2.21 still warns where a template names a variable that a module of this
     # collection also publishes as a fact (once per upgrade run, in roles/venv_rebuild/tasks/plan.yml); with
