@@ -5,7 +5,10 @@
 - ``lab_mirrors`` (session): builds the mirrors if needed, starts them, stops them at the end only if this
   session started them (never under pytest-xdist, where other workers may still use them).
 - ``lab_fleet`` (module): factory ``lab_fleet(n, name=None)`` bringing up n seeded nodes; the default name
-  comes from the test module (``it-<module>``); every lab it made goes down after the module.
+  comes from the test module (``it-<module>``); every name gets the test run's suffix (``-<RUN>``: the pid of the
+  pytest process that started the run, shared by its xdist workers; ``GPUFLEET_LAB_RUN`` sets it), so two runs of
+  the same module (two checkouts, or a run that outlived its session) never share nodes or tear down each other's;
+  every lab it made goes down after the module.
 - ``run_playbook``: ``lab.harness.run_playbook`` (ansible-runner, the repo's ansible.cfg).
 - ``node_exec``: ``node_exec(node, cmd)`` through podman exec.
 
@@ -34,6 +37,8 @@ from lab.harness import PlaybookResult, TaskResult  # noqa: E402
 from lab.harness import run_playbook as _run_playbook  # noqa: E402
 
 os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
+# Set in the process that starts the run, before xdist starts its workers, which inherit it.
+RUN = os.environ.setdefault("GPUFLEET_LAB_RUN", str(os.getpid() % 100000))
 
 __all__ = ["Fleet", "LabMirrors", "PlaybookResult", "TaskResult"]
 
@@ -115,7 +120,7 @@ def lab_fleet(request, lab_mirrors):
     cache: dict[tuple[str, int], Fleet] = {}
 
     def factory(n: int = 2, name: str | None = None, seed: bool = True) -> Fleet:
-        name = name or _default_name(request)
+        name = f"{name or _default_name(request)}-{RUN}"
         if (name, n) in cache:
             return cache[(name, n)]
         out = nodes.up(n, name, lab_mirrors.ports, do_seed=seed)

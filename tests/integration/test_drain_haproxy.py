@@ -28,8 +28,8 @@ from lab import haproxy as lab_haproxy
 # Six to seven minutes (a rolling upgrade of 4 hosts under load): `make integration-long`, not `make test`.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
-FAILING = "drain-node3"
-INJECT = f"{{{{ 'after_postcheck' if inventory_hostname == '{FAILING}' else 'none' }}}}"
+# The third host fails right after its post-check (fleet names carry the test run's suffix: match the node's own name).
+INJECT = "{{ 'after_postcheck' if inventory_hostname is match('.*-node3$') else 'none' }}"
 WORKERS = 4
 # The lab shares two cores with other work: give SSH room so a busy machine is not an unreachable host.
 ENV = {"ANSIBLE_CALLBACKS_ENABLED": "gpufleet.upgrade.upgrade_summary", "ANSIBLE_TIMEOUT": "60"}
@@ -134,7 +134,8 @@ def balancer(fleet):
 
 
 def test_rolling_upgrade_behind_haproxy_fails_no_request(fleet, balancer, run_playbook, tmp_path):
-    assert fleet.nodes == ["drain-node1", "drain-node2", "drain-node3", "drain-node4"]
+    assert [n.rsplit("-", 1)[1] for n in fleet.nodes] == ["node1", "node2", "node3", "node4"], fleet.nodes
+    failing = fleet.nodes[2]
     records = tmp_path / "drain-records"
     load = Load(balancer["port"])
     client = threading.Thread(target=load.run, daemon=True)
@@ -174,14 +175,14 @@ def test_rolling_upgrade_behind_haproxy_fails_no_request(fleet, balancer, run_pl
     errors = lab_haproxy.error_log(balancer["socket"])
     print(f"haproxy logged {len(errors)} event(s): state changes, failed or abnormal requests", *errors[:20], sep="\n")
     outcomes = {node: report_of(result, node)["outcome"] for node in fleet.nodes}
-    assert {n: o for n, o in outcomes.items() if n != FAILING} == {
-        n: "upgraded" for n in fleet.nodes if n != FAILING
+    assert {n: o for n, o in outcomes.items() if n != failing} == {
+        n: "upgraded" for n in fleet.nodes if n != failing
     }, outcomes
-    assert outcomes[FAILING].startswith("rolled back: after postcheck"), outcomes
-    assert "injected fault after_postcheck" in outcomes[FAILING], outcomes
+    assert outcomes[failing].startswith("rolled back: after postcheck"), outcomes
+    assert "injected fault after_postcheck" in outcomes[failing], outcomes
     # The rolled-back host's report says the rollback put it back in rotation, not only that it restored the backup.
-    undrain = report_of(result, FAILING)["phases"].get("undrain", "")
-    assert "ready" in undrain and FAILING in undrain, report_of(result, FAILING)["phases"]
+    undrain = report_of(result, failing)["phases"].get("undrain", "")
+    assert "ready" in undrain and failing in undrain, report_of(result, failing)["phases"]
     for node in fleet.nodes:
         drained = result.task("Take the host out of HAProxy's rotation", host=node)
         assert drained.changed and drained.res["previous"] == "ready", drained.res

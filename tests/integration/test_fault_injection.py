@@ -172,7 +172,7 @@ def record(point, how, node, report, checks, converged):
 @pytest.fixture(scope="module")
 def fleet(lab_fleet):
     # A name per session: two sessions running this module must not recreate each other's nodes.
-    return lab_fleet(2, name=f"safe-fi-{os.getpid() % 100000}")
+    return lab_fleet(2, name="safe-fi")
 
 
 @pytest.fixture(scope="module")

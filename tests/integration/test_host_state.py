@@ -6,8 +6,6 @@ audit with gpufleet_audit_fail_on_drift, and a re-run repairs exactly it."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,7 +46,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def fleet(lab_fleet):
-    return lab_fleet(2, name=f"state-{os.getpid() % 100000}")
+    return lab_fleet(2, name="state")
 
 
 def sh(node_exec, node, script):
@@ -180,7 +178,7 @@ OLD_ENV = "/etc/gpufleet/old-cuda.env"
 
 @pytest.fixture(scope="module")
 def one_node(lab_fleet):
-    return lab_fleet(1, name=f"runs-{os.getpid() % 100000}")
+    return lab_fleet(1, name="runs")
 
 
 def test_a_drop_in_is_named_refused_and_a_stale_server_restarted(one_node, run_playbook, node_exec):

@@ -36,7 +36,7 @@ STATE = "/var/lib/gpufleet/state.json"
 
 @pytest.fixture(scope="module")
 def fleet(lab_fleet):
-    return lab_fleet(1, name=f"lockfile-{os.getpid() % 100000}")
+    return lab_fleet(1, name="lockfile")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ drained is refused before any host changes."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ EXTRA = {"gpufleet_drain": "stop", "gpufleet_batch_size": 1}
 
 @pytest.fixture(scope="module")
 def fleet(lab_fleet):
-    return lab_fleet(1, name=f"pa-{os.getpid() % 100000}")
+    return lab_fleet(1, name="pa")
 
 
 def sh(node_exec, node, script):

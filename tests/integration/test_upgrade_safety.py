@@ -7,7 +7,6 @@ plus a rollback that has to rebuild a removed venv from the manifest's lock."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -65,7 +64,7 @@ def rollback(fleet, run_playbook, **kw):
 @pytest.fixture(scope="module")
 def fleet(lab_fleet):
     # A name per session: two sessions running this module must not recreate each other's nodes.
-    return lab_fleet(2, name=f"safe-up-{os.getpid() % 100000}")
+    return lab_fleet(2, name="safe-up")
 
 
 def test_rollback_of_a_never_upgraded_host_is_a_noop(fleet, run_playbook, node_exec):
