@@ -277,25 +277,34 @@ def failures(text: str, limit: int = 5) -> list[dict]:
 # ---- one case and the whole benchmark ------------------------------------------------------------------------
 
 
+def fresh_lab(lab: str, count: int) -> float:
+    """Lab ``lab`` of ``count`` new nodes at the old stack; the seconds it took."""
+    t0 = time.monotonic()
+    nodes.down(lab)
+    nodes.up(count, lab, mirror_ports())
+    return round(time.monotonic() - t0, 1)
+
+
+def upgrade_vars(count: int, distribution: str, controller: Path, up: Upstreams) -> dict:
+    """upgrade.yml's extra vars for one batch of ``count`` hosts against the private upstream servers."""
+    return {
+        "gpufleet_batch_size": count,
+        "gpufleet_distribution": distribution,
+        "gpufleet_controller_dir": str(controller),
+        "gpufleet_index_urls": {"lab-main": up.urls["lab-main"], "lab-stale": up.urls["lab-stale"]},
+        "gpufleet_redist_url": up.urls["redist"],
+    }
+
+
 def run_case(count: int, distribution: str, up: Upstreams, keep: bool) -> dict:
     lab = f"fs-{count}"
     case = f"{lab}-{distribution}"
     controller = BENCH_DIR / "runs" / case / "controller"
     shutil.rmtree(controller.parent, ignore_errors=True)
     controller.mkdir(parents=True)
-    row: dict = {"hosts": count, "distribution": distribution, "lab": lab}
-    t0 = time.monotonic()
-    nodes.down(lab)
-    nodes.up(count, lab, mirror_ports())
-    row["lab_up_s"] = round(time.monotonic() - t0, 1)
+    row: dict = {"hosts": count, "distribution": distribution, "lab": lab, "lab_up_s": fresh_lab(lab, count)}
     try:
-        extravars = {
-            "gpufleet_batch_size": count,
-            "gpufleet_distribution": distribution,
-            "gpufleet_controller_dir": str(controller),
-            "gpufleet_index_urls": {"lab-main": up.urls["lab-main"], "lab-stale": up.urls["lab-stale"]},
-            "gpufleet_redist_url": up.urls["redist"],
-        }
+        extravars = upgrade_vars(count, distribution, controller, up)
         ev = controller.parent / "extravars.json"
         ev.write_text(json.dumps(extravars))
         inv = REPO / ".lab" / lab / "inventory.yml"

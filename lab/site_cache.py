@@ -129,7 +129,7 @@ def render(
         "    server_tokens off;",
         *(f"    {kind}_temp_path {tmp / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")),
         _log_format("gpufleet_cache", LOG_FIELDS),
-        _log_format("gpufleet_origin", ORIGIN_LOG_FIELDS),
+        *([_log_format("gpufleet_origin", ORIGIN_LOG_FIELDS)] if origin else []),
         # Cache files are written beside their final place (use_temp_path=off): a finished fetch is one rename.
         f"    proxy_cache_path {folder / 'cache'} levels=1:2 keys_zone={ZONE}:10m max_size={max_size}"
         f" inactive={INACTIVE} use_temp_path=off;",
