@@ -145,10 +145,8 @@ def require_root_tools() -> None:
 
 
 def venv_host_module():
-    """roles/venv_rebuild/files/venv_host.py as a module: the role's host code, for benchmarks that time it."""
-    spec = importlib.util.spec_from_file_location(
-        "venv_host", REPO / "roles" / "venv_rebuild" / "files" / "venv_host.py"
-    )
+    """plugins/module_utils/_venv_host.py (role venv_rebuild's and module venv_build's host code), for benchmarks."""
+    spec = importlib.util.spec_from_file_location("venv_host", REPO / "plugins" / "module_utils" / "_venv_host.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,6 +1,6 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The host side of role venv_rebuild (roles/venv_rebuild/files/venv_host.py), run here against a real uv, a wheel
+"""The host side of role venv_rebuild (plugins/module_utils/_venv_host.py), run here against a real uv, a wheel
 made by the test and a loopback HTTP server standing for the fleet cache."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
 
 FILES = Path(__file__).resolve().parents[3] / "roles" / "venv_rebuild" / "files"
-SCRIPT = FILES / "venv_host.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "plugins" / "module_utils" / "_venv_host.py"
 UV = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
 
 _spec = importlib.util.spec_from_file_location("venv_host", SCRIPT)

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""venv_host.py locate with the state path: the lock the last upgrade applied, as the audit without a lock file
+"""_venv_host.py locate with the state path: the lock the last upgrade applied, as the audit without a lock file
 reads it (the state file's record and the lock text the build wrote, which _lock_file.recorded_lock joins)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
 
-SCRIPT = Path(__file__).resolve().parents[3] / "roles" / "venv_rebuild" / "files" / "venv_host.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "plugins" / "module_utils" / "_venv_host.py"
 _spec = importlib.util.spec_from_file_location("venv_host", SCRIPT)
 vh = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(vh)
