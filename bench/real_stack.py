@@ -15,7 +15,7 @@
    serving runs the lab's SGLang stand-in (lab/wheels/lab-sglang, standard library only, copied to the node and
    put on PYTHONPATH) with the real venv's Python. Its wheels section, hence the lock and the venv, is the real
    profile's. The node gets the profile's Python (3.12) from this machine's own build of it.
-3. Measure on the node: the build step's own timing (venv_host.py build), the venv's size and files, bytecode
+3. Measure on the node: the build step's own timing (module venv_build's "seconds"), the venv's size and files, bytecode
    (compileall of site-packages into an empty cache, one worker per core: what --compile-bytecode adds), uv pip
    check, which imports work without a GPU (each in its own process), and the audit (playbooks/audit.yml --check)
    in each verify mode of role assess (assess_venv_verify record, size, none; assess_toolkit_verify sha256 once),

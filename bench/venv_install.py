@@ -11,7 +11,7 @@ the lab-main wheels carried there. The lock is the sized set's big wheels (lab.w
 cu130 wheels' shapes at 1/scale), with their sha256. Every run gets a fresh venv folder and empty tool caches, and
 the file system is synced first. Methods:
 
-- role:  ``uv venv`` and venv_rebuild's own ``sync_venv`` (roles/venv_rebuild/files/venv_host.py: the build's own
+- role:  ``uv venv`` and venv_rebuild's own ``sync_venv`` (plugins/module_utils/_venv_host.py: the build's own
          cache on the venv's file system, hardlinks, bytecode compiled, the cache removed);
 - pip:   ``python -m venv`` and ``pip install --no-index --require-hashes --no-deps -r LOCK`` (what
          ansible.builtin.pip runs for such a lock; pip compiles bytecode);

@@ -81,7 +81,7 @@ def task_seconds(res, names) -> float:
 
 
 def build_steps(res) -> dict[str, float]:
-    """The build step's own timing of its host steps (venv_host.py build's "seconds")."""
+    """The build step's own timing of its host steps (module venv_build's "seconds")."""
     for ev in res.events:
         data = ev.get("event_data", {})
         if ev.get("event") == "runner_on_ok" and any(n in data.get("task", "") for n in BUILD_TASKS):
