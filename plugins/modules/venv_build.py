@@ -181,6 +181,7 @@ seconds:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _venv_host
 
@@ -222,8 +223,9 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     spec = dict(module.params, check=module.check_mode)
     before = venv_state(spec["venv"])
-    answer = _venv_host.build(spec)
-    result = dict(answer, changed=bool(answer.get("changed")))
+    answer = _venv_host.build(spec, open_url)
+    result = dict(answer)
+    result["changed"] = bool(answer.get("changed"))
     if module._diff:
         after = f"verified for lock {spec['mark']}" if answer.get("ok") else before
         result["diff"] = {
@@ -235,11 +237,11 @@ def main():
     if not answer.get("ok"):
         # A build that failed had written its folders, lock file or partial venv: never "nothing changed".
         result["changed"] = not module.check_mode
-        module.fail_json(
-            msg=f"the new venv {spec['venv']} failed at step {answer.get('failed_step', 'build')}: "
-            f"{answer.get('error', 'no answer')}; the venv current points at was not touched",
-            **{k: v for k, v in result.items() if k != "msg"},
+        result["msg"] = (
+            f"the new venv {spec['venv']} failed at step {answer.get('failed_step', 'build')}: "
+            f"{answer.get('error', 'no answer')}; the venv current points at was not touched"
         )
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

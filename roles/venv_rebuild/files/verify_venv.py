@@ -251,7 +251,7 @@ def main(spec_text, uv=None, answer=None):
 def run_with_clean_stdout(argv):
     """``main`` with file descriptor 1 pointed at stderr while the checks import the venv's packages: what they print
     at import time (sgl_kernel's loader, a C extension's printf) goes to stderr, and stdout carries only the one
-    JSON answer, which venv_host.py parses."""
+    JSON answer, which module venv_build (plugins/module_utils/_venv_host.py) parses."""
     sys.stdout.flush()
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
