@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Lab fixtures for integration tests.
 
-- ``lab_mirrors`` (session): builds the mirrors if needed, starts them, stops them at the end only if this
-  session started them (never under pytest-xdist, where other workers may still use them).
+- ``lab_mirrors`` (session): builds the mirrors if needed, starts them; the last session out stops them, only if
+  a test session started them (never under pytest-xdist, where other workers may still use them; never those
+  ``make mirrors`` started, which molecule may be using).
 - ``lab_fleet`` (module): factory ``lab_fleet(n, name=None)`` bringing up n seeded nodes; the default name
   comes from the test module (``it-<module>``); every name gets the test run's suffix (``-<RUN>``: the pid of the
   pytest process that started the run, shared by its xdist workers; ``GPUFLEET_LAB_RUN`` sets it), so two runs of
@@ -82,17 +83,23 @@ def lab_mirrors() -> LabMirrors:
     ports = mirror_ports()
     MIRRORS.mkdir(parents=True, exist_ok=True)
     # One process at a time builds and starts: xdist workers and parallel sessions share the mirrors. Each session
-    # counts itself in .fixture.users; the last one out stops the mirrors (never one that another session uses).
+    # counts itself in .fixture.users; the last one out stops the mirrors (never one that another session uses), and
+    # only mirrors a test session started (.fixture.started): those `make mirrors` started serve molecule and the
+    # demo beside the tests, and outlive them.
+    started_by = MIRRORS / ".fixture.started"
     with (MIRRORS / ".fixture.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         mirrors.build()
         started = bool(mirrors.start(ports)["started"])
+        if started:
+            started_by.write_text(f"{os.getpid()}\n")
         _mirror_users(+1)
     yield LabMirrors(ports=ports, urls=mirror_urls(ports), started_here=started)
     with (MIRRORS / ".fixture.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _mirror_users(-1) == 0 and not os.environ.get("PYTEST_XDIST_WORKER"):
+        if _mirror_users(-1) == 0 and not os.environ.get("PYTEST_XDIST_WORKER") and started_by.exists():
             mirrors.stop(ports)
+            started_by.unlink()
 
 
 def _mirror_users(delta: int) -> int:
