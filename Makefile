@@ -59,11 +59,22 @@ unit: setup
 	  $(VENV)/torch/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_smoke_worker_torch.py; fi
 	$(VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/unit/plugins/module_utils/test_sglang_protocol.py
 
-## Every scenario (as molecule test --all), each one's time printed for the CI budget.
+## Every scenario (as molecule test --all), MOLECULE_JOBS at a time (each scenario has its own node, serving port
+## and ephemeral folder; they wait on systemd and SSH more than they compute), longest first; each one's time and,
+## for a failed one, the end of its log (build/molecule/<scenario>.log) are printed. MOLECULE_JOBS=1: one at a time.
+MOLECULE_JOBS ?= 2
+MOLECULE_LONGEST_FIRST := rollback upgrade preflight postcheck cuda_toolkit venv_rebuild serving backup
 MOLECULE_SCENARIOS := $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
+MOLECULE_ORDER := $(filter $(MOLECULE_SCENARIOS),$(MOLECULE_LONGEST_FIRST)) \
+  $(filter-out $(MOLECULE_LONGEST_FIRST),$(MOLECULE_SCENARIOS))
 molecule: mirrors
-	@for s in $(MOLECULE_SCENARIOS); do t=$$(date +%s); molecule test -s $$s || exit 1; \
-	  echo "molecule: scenario $$s took $$(( $$(date +%s) - t )) s"; done
+	@mkdir -p build/molecule; t0=$$(date +%s); \
+	printf '%s\n' $(MOLECULE_ORDER) | xargs -P $(MOLECULE_JOBS) -I{} sh -c \
+	  't=$$(date +%s); if molecule test -s {} >build/molecule/{}.log 2>&1; then \
+	     echo "molecule: scenario {} took $$(( $$(date +%s) - t )) s"; else \
+	     echo "molecule: scenario {} FAILED after $$(( $$(date +%s) - t )) s; the end of build/molecule/{}.log:"; \
+	     tail -n 150 build/molecule/{}.log; exit 255; fi' \
+	  && echo "molecule: every scenario passed in $$(( $$(date +%s) - t0 )) s ($(MOLECULE_JOBS) at a time)"
 
 ## A lab that breaks (a full disk, a stopped mirror) fails every test after it slowly: stop after a few failures so
 ## their tracebacks print within CI's time limit (INTEGRATION_MAXFAIL=0 runs everything).
