@@ -296,6 +296,24 @@ def upgrade_vars(count: int, distribution: str, controller: Path, up: Upstreams)
     }
 
 
+def upgrade_command(lab: str, extravars: dict, ev: Path) -> tuple[list[str], dict]:
+    """playbooks/upgrade.yml over lab ``lab`` with ``extravars`` (written to ``ev``): its argv and environment."""
+    ev.write_text(json.dumps(extravars))
+    argv = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(REPO / ".lab" / lab / "inventory.yml")]
+    argv += ["playbooks/upgrade.yml", "-e", f"@{ev}"]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return argv, env
+
+
+def finish_report(report: dict, out_file: Path, tag: str, line) -> None:
+    """A benchmark's report with each row's summary ``line``: written to ``out_file`` and printed as JSON."""
+    report["summary"] = [line(row) for row in report["rows"]]
+    out_file.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    print(f"[{tag}] written to {out_file}", file=sys.stderr)
+
+
 def run_case(count: int, distribution: str, up: Upstreams, keep: bool) -> dict:
     lab = f"fs-{count}"
     case = f"{lab}-{distribution}"
@@ -305,13 +323,7 @@ def run_case(count: int, distribution: str, up: Upstreams, keep: bool) -> dict:
     row: dict = {"hosts": count, "distribution": distribution, "lab": lab, "lab_up_s": fresh_lab(lab, count)}
     try:
         extravars = upgrade_vars(count, distribution, controller, up)
-        ev = controller.parent / "extravars.json"
-        ev.write_text(json.dumps(extravars))
-        inv = REPO / ".lab" / lab / "inventory.yml"
-        argv = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inv), "playbooks/upgrade.yml"]
-        argv += ["-e", f"@{ev}"]
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-        env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        argv, env = upgrade_command(lab, extravars, controller.parent / "extravars.json")
         log = LOG_DIR / f"{case}.log"
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         ports = [

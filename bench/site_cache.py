@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sys
@@ -48,12 +47,7 @@ def run_once(count: int, phase: str, up: fs.Upstreams, controller: Path, cache: 
     row["lab_up_s"] = fs.fresh_lab(lab, count)
     try:
         extravars = dict(fs.upgrade_vars(count, "pull", controller, up), gpufleet_fleet_cache_url=cache["url"])
-        ev = controller.parent / f"extravars-{phase}.json"
-        ev.write_text(json.dumps(extravars))
-        argv = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(nodes.lab_dir(lab) / "inventory.yml")]
-        argv += ["playbooks/upgrade.yml", "-e", f"@{ev}"]
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-        env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}"
+        argv, env = fs.upgrade_command(lab, extravars, controller.parent / f"extravars-{phase}.json")
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log = LOG_DIR / f"{lab}-{phase}.log"
         ports = [nd["ssh_port"] for nd in nodes.load_state(lab)["nodes"].values()]
@@ -115,10 +109,7 @@ def everything(hosts: list[int], warm: bool, keep: bool) -> int:
                 sc.stop(lab)
     finally:
         up.stop()
-    report["summary"] = [line(row) for row in report["rows"]]
-    out_file.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
-    print(f"[site_cache] written to {out_file}", file=sys.stderr)
+    fs.finish_report(report, out_file, "site_cache", line)
     return 0 if all(r.get("rc") == 0 and r.get("ok_hosts") == r["hosts"] for r in report["rows"]) else 1
 
 
