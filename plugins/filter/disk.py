@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filter disk_gate: preflight's free space judgement (role preflight, tasks/disk.yml).
+"""Filter disk_gate: preflight's free space judgement (role preflight, through filter preflight_gates).
 
 Documented in ``disk_gate.yml`` beside this file. The new venv is sized from the lock when every wheel of it has
 an ``installed_size`` (the sum of its zip members' uncompressed sizes, read on the controller: action wheel_plan or

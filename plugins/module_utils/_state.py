@@ -147,6 +147,18 @@ def read_json(path):
     return doc
 
 
+def read_previous(path):
+    """The state file as a run reads it before it records anything ({} when absent); an unusable one is a StateError
+    that says what to do."""
+    try:
+        return read_json(path) or {}
+    except StateError as exc:
+        raise StateError(
+            f"state file unusable: {exc}; fix: inspect it, move it aside and run playbooks/rollback.yml "
+            "for this host if it may be half-upgraded"
+        ) from exc
+
+
 def dumps(doc) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 

@@ -120,12 +120,9 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as 
 def run(module):
     p = module.params
     try:
-        previous = st.read_json(p["path"]) or {}
+        previous = st.read_previous(p["path"])
     except st.StateError as exc:
-        module.fail_json(
-            msg=f"state file unusable: {exc}; fix: inspect it, move it aside and run playbooks/rollback.yml "
-            "for this host if it may be half-upgraded"
-        )
+        module.fail_json(msg=str(exc))
     recovery = st.decide_recovery(previous, p["run_id"])
     result = {
         "changed": False,
