@@ -35,6 +35,21 @@ options:
   archive_dir:
     description: Folder on the host holding the archives (file names as in the manifest). Not read in check mode.
     type: path
+  pull_url:
+    description:
+      - Where the host pulls the archives from (the fleet cache's C(redist) mount, e.g. C(http://controller:8765/redist));
+        each archive O(archive_dir) lacks, or holds otherwise than the manifest says, is downloaded to
+        C(<archive_dir>/<file name>) from C(<pull_url>/<relative_path>) after the free space check, in the same call
+        (the folder is created, mode C(0700)). Every archive is then checked against the manifest's sha256 and size
+        before it is extracted. Empty (the default) when the controller pushed the archives.
+    type: str
+    default: ""
+    version_added: 0.2.0
+  pull_timeout:
+    description: Seconds each pull may wait for the fleet cache to answer.
+    type: int
+    default: 600
+    version_added: 0.2.0
   extract_factor:
     description: Extracted size as a multiple of the archives' size, for the free space check.
     type: float
@@ -95,14 +110,21 @@ nvcc_version:
   description: C(nvcc --version) of the new toolkit (C(13.0.88)).
   returned: when installed and O(verify_nvcc)
   type: str
+pulled:
+  description: The archives (relative paths) this call downloaded from O(pull_url); those already there are left out.
+  returned: when installed with O(pull_url)
+  type: list
+  elements: str
 """
 
 import datetime
+import http.client
 import json
 import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _redist as rd
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _toolkit as tk
@@ -174,6 +196,43 @@ def preflight(module, dest, archives):
             " or set cuda_toolkit_root to a larger file system",
             kind="disk",
         )
+
+
+def _holds(path, archive) -> bool:
+    """Whether path is the manifest's archive already (a run that stopped after its pull: nothing to fetch again)."""
+    try:
+        rd.verify_file(path, archive["sha256"], archive["size"])
+    except (rd.RedistError, OSError):
+        return False
+    return True
+
+
+def pull(module, archives) -> list:
+    """Download into archive_dir each archive it lacks; build() checks every one against the manifest afterwards."""
+    archive_dir, base = module.params["archive_dir"], module.params["pull_url"].rstrip("/")
+    os.makedirs(archive_dir, mode=0o700, exist_ok=True)
+    pulled = []
+    for archive in archives:
+        path = os.path.join(archive_dir, os.path.basename(archive["relative_path"]))
+        if os.path.isfile(path) and _holds(path, archive):
+            continue
+        url = f"{base}/{archive['relative_path']}"
+        tmp = f"{path}.part"
+        try:
+            with open_url(url, timeout=module.params["pull_timeout"]) as resp, open(tmp, "wb") as out:
+                shutil.copyfileobj(resp, out, 1 << 20)
+            os.replace(tmp, path)
+        except (OSError, http.client.HTTPException) as exc:
+            raise rd.RedistError(
+                f"{archive['component']} archive {url} could not be pulled to {path}: {exc}; fix: check that the"
+                " fleet cache answers and that the archive folder has room, then run again",
+                kind="pull",
+            ) from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        pulled.append(archive["relative_path"])
+    return pulled
 
 
 def build(module, staging, archives, manifest):
@@ -264,6 +323,8 @@ def main():
             "release": {"type": "str", "required": True},
             "archives": {"type": "list", "elements": "dict", "required": True},
             "archive_dir": {"type": "path"},
+            "pull_url": {"type": "str", "default": ""},
+            "pull_timeout": {"type": "int", "default": 600},
             "extract_factor": {"type": "float", "default": 4.0},
             "verify_nvcc": {"type": "bool", "default": True},
             "reinstall": {"type": "bool", "default": False},
@@ -305,6 +366,8 @@ def main():
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     try:
+        if p["pull_url"]:
+            result["pulled"] = pull(module, archives)
         build(module, staging, archives, manifest)
         # A reinstall keeps the first install's record of the link: the link may have drifted since.
         old = tk.read_marker(dest) if os.path.isdir(dest) else None

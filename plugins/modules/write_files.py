@@ -15,9 +15,17 @@ description:
   - One round trip for all the files, where M(ansible.builtin.template) costs two or three per file. Role serving writes
     its unit and environment file with it while the host is out of service, from the same rendering the host model
     (M(gpufleet.upgrade.host_state)) compares against.
-  - The folders must exist (a missing one fails, naming it).
+  - The folders must exist (a missing one fails, naming it), unless O(make_folders) is set.
 version_added: 0.1.0
 options:
+  make_folders:
+    description:
+      - Create a missing folder of a file (and its parents) with mode C(0755), owned by the SSH user, before writing
+        it; in check mode a missing folder is only reported. Spares a task per folder where the folder is the
+        collection's own (the Prometheus textfile's).
+    type: bool
+    default: false
+    version_added: 0.2.0
   files:
     description:
       - The files, each C({path, content}) with optional C(mode) (an octal string such as C("0640")), C(owner),
@@ -80,7 +88,10 @@ def read(path):
 
 def main():
     module = AnsibleModule(
-        argument_spec={"files": {"type": "list", "elements": "dict", "required": True}},
+        argument_spec={
+            "files": {"type": "list", "elements": "dict", "required": True},
+            "make_folders": {"type": "bool", "default": False},
+        },
         supports_check_mode=True,
     )
     written, diffs = [], []
@@ -91,7 +102,13 @@ def main():
         label = spec.get("label") or path
         folder = os.path.dirname(path)
         if not os.path.isdir(folder):
-            module.fail_json(msg=f"write_files: the folder {folder} of {label} does not exist; create it first")
+            if not module.params["make_folders"]:
+                module.fail_json(msg=f"write_files: the folder {folder} of {label} does not exist; create it first")
+            if not module.check_mode:
+                try:
+                    os.makedirs(folder, mode=0o755, exist_ok=True)
+                except OSError as exc:
+                    module.fail_json(msg=f"write_files: could not create the folder {folder} of {label}: {exc}")
         new = to_bytes(content)
         old = read(path)
         attrs = module.load_file_common_arguments(

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import socket
+import stat
 import tarfile
 
 import pytest
@@ -481,3 +482,41 @@ def test_host_state_publishes_its_verdict_as_the_fact_it_is_told_and_says_whethe
     assert not fact["in_sync"] and "serving venv" in fact["drifted"], fact
     ok, res = call(host_state, {"venv": venv})
     assert ok and "ansible_facts" not in res, res
+
+
+def pull_args(root, plan, archive_dir, pull_url):
+    return dict(redist_args(root, plan, archive_dir), pull_url=pull_url, pull_timeout=5)
+
+
+def test_redist_pulls_what_the_archive_folder_lacks_then_builds(mirror, tmp_path):
+    ok, res = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    plan = res["plan"]["linux-x86_64"]
+    root, archive_dir = tmp_path / "root", tmp_path / "host" / ".gpufleet-redist"
+    root.mkdir()
+    # One archive is there already, as a run that stopped after the pull left it; the other one is damaged.
+    archive_dir.mkdir(parents=True)
+    (archive_dir / os.path.basename(plan[0]["relative_path"])).write_bytes(
+        (mirror / plan[0]["relative_path"]).read_bytes()
+    )
+    (archive_dir / os.path.basename(plan[1]["relative_path"])).write_bytes(b"half an archive")
+    ok, res = call(cuda_redist, pull_args(root, plan, archive_dir, mirror.as_uri()), check=True)
+    assert ok and res["changed"] and "pulled" not in res and os.listdir(root) == []
+    ok, res = call(cuda_redist, pull_args(root, plan, archive_dir, mirror.as_uri()))
+    assert ok and res["changed"] and res["nvcc_version"] == "13.0.88", res
+    assert res["pulled"] == [plan[1]["relative_path"]]
+    assert (root / "cuda-13.0" / "include" / "cuda_runtime.h").exists()
+    assert sorted(p.name for p in archive_dir.iterdir()) == sorted(os.path.basename(a["relative_path"]) for a in plan)
+
+
+def test_redist_pull_into_a_new_folder_and_a_cache_that_does_not_answer(mirror, tmp_path):
+    ok, res = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    plan = res["plan"]["linux-x86_64"]
+    root, archive_dir = tmp_path / "root", tmp_path / "new" / "archives"
+    root.mkdir()
+    ok, res = call(cuda_redist, pull_args(root, plan, archive_dir, "http://127.0.0.1:9/redist"))
+    assert not ok and res["kind"] == "pull" and "Nothing was installed" in res["msg"], res
+    assert "http://127.0.0.1:9/redist/" + plan[0]["relative_path"] in res["msg"] and "fix:" in res["msg"]
+    assert os.listdir(root) == [] and os.listdir(archive_dir) == []
+    assert stat.S_IMODE(os.stat(archive_dir).st_mode) == 0o700
+    ok, res = call(cuda_redist, pull_args(root, plan, archive_dir, mirror.as_uri()))
+    assert ok and sorted(res["pulled"]) == sorted(a["relative_path"] for a in plan), res

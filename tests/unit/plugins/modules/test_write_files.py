@@ -92,3 +92,25 @@ def test_a_missing_folder_or_a_file_without_content_fails_naming_it(tmp_path):
     )
     ok, res = call({"files": [{"path": str(tmp_path / "a")}]})
     assert not ok and res["msg"] == "write_files: files[0] needs path and content; it has ['path']"
+
+
+def test_make_folders_creates_a_missing_folder_and_check_mode_only_reports_it(tmp_path):
+    target = tmp_path / "node-exporter" / "textfile" / "gpufleet.prom"
+    spec = {"files": [{"path": str(target), "content": "gpufleet_up 1\n", "mode": "0644"}]}
+    ok, res = call(spec)
+    assert not ok and "does not exist" in res["msg"], res
+    ok, res = call(dict(spec, make_folders=True), check=True, diff=True)
+    assert ok and res["written"] == [str(target)] and not target.parent.exists(), res
+    ok, res = call(dict(spec, make_folders=True))
+    assert ok and res["changed"] and target.read_text() == "gpufleet_up 1\n", res
+    assert mode_of(target.parent) & 0o777 == 0o755 and mode_of(target) == 0o644
+    ok, res = call(dict(spec, make_folders=True))
+    assert ok and not res["changed"], res
+
+
+def test_make_folders_names_the_folder_it_could_not_create(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    spec = {"files": [{"path": str(blocker / "sub" / "x.prom"), "content": "x\n"}], "make_folders": True}
+    ok, res = call(spec)
+    assert not ok and str(blocker / "sub") in res["msg"] and "could not create" in res["msg"], res
