@@ -137,9 +137,10 @@ def test_new_stack_figures_match_the_stand_in(stand_in, bench):
     assert task.changed is False
     level = out["levels"][0]
     # The stand-in finishes each request at n / 96.1 s; the client adds only its own overhead, which the lab modules
-    # running beside this one on two cores stretch (79.8 tok/s seen at a load of 8): the token counts are asserted
-    # exactly below, so the lower bound only catches a rate far from the stand-in's; none can exceed it.
-    assert 0.8 * 96.1 <= out["output_tok_s"] <= 96.1 * 1.001
+    # running beside this one on two cores stretch (79.8 tok/s seen at a load of 8, 71.5 at a load of 5 beside three
+    # pytest workers): the token counts are asserted exactly below, so the lower bound only catches a rate far from
+    # the stand-in's (a unit or a count off by a factor of two or more); none can exceed it.
+    assert 0.5 * 96.1 <= out["output_tok_s"] <= 96.1 * 1.001
     assert out["accept_length"] == pytest.approx(V1_TOKENS / V1_STEPS_A3)
     # Server average counts the warm-up request too (16 tokens in 6 steps).
     assert out["server"]["avg_spec_accept_length"] == pytest.approx((2 * V1_TOKENS + 16) / (2 * V1_STEPS_A3 + 6))

@@ -87,9 +87,11 @@ def test_check_mode_changes_nothing_and_says_what_it_would_do(fleet, run_playboo
         assert report["phases"]["preflight"].startswith("ok: lock ok"), report
         assert "gpu skipped: no GPU" in report["phases"]["preflight"]
         assert result.task("Snapshot the host", host=node).changed, "check mode must show the backup it would take"
-        # The state file's would-be changes are shown (with their diff), not skipped; nothing is written.
+        # The state file's would-be changes are shown (with their diff), not skipped; nothing is written. (The
+        # record of a phase that records nothing at its start is imported with its condition: it shows as skipped.)
         records = result.tasks("Record the run's progress in the host's state file", node)
-        assert records and all(r.changed for r in records), [r.res for r in records]
+        records = [r for r in records if r.status != "skipped"]
+        assert len(records) >= 8 and all(r.changed for r in records), [r.res for r in records]
         assert any("diff" in r.res for r in records), [r.res for r in records]
         assert host_state(node_exec, node) == before[node]
 
