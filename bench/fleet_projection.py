@@ -105,10 +105,11 @@ def measured_inputs() -> dict:
     bytecode_s = round(2.77 * 34_514 / 5_339, 1)
     return {
         "cpu_s_per_host": Input(
-            18.3,
+            11.9,
             "CPU s",
-            "bench/fleet_scale.py on the lab: the controller's process tree CPU per host of a first upgrade,"
-            " 16.6-18.3 s at N = 1..16; the upper end",
+            "bench/controller_cpu.py on the lab (2026-12-07): the controller's process tree CPU of a first upgrade,"
+            " 191.05 s for N = 16 (11.9 s a host; the straight line through N = 1, 4, 16 gives 11.0 s a host plus"
+            " 14.6 s a run; 13.4 s a host before the task cuts of that day)",
         ),
         "wheel_bytes": Input(
             4.37 * GB, "B", "bench/real_stack.py on the default index (2026-12-07): 208 wheels, 4.37 GB (the lock)"
