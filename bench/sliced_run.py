@@ -1,0 +1,174 @@
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Two slices at once, as AWX's job slicing runs a job: N lab hosts, two ansible-playbook processes over half each.
+
+    python bench/sliced_run.py [--hosts 4] [--keep]        figures and checks as JSON; exit 1 when a check failed
+
+1. A fresh lab sl-<N> at the old stack, a fresh controller folder, the private upstreams bench/fleet_scale.py serves
+   (the lab's wheels at 1/10 of the real sizes) and a real nginx site cache (lab/site_cache.py) over the controller
+   folder, cold.
+2. Plan once (playbooks/plan.yml): the fleet's lock file, its wheels into the controller's wheelhouse.
+3. Two upgrade.yml processes started together, each with ``--limit`` over its half of the hosts (the first half and
+   the second half of the inventory, as AWX splits it), the same lock file, ``gpufleet_fleet_cache_url`` naming the
+   site cache, one batch each.
+4. playbooks/merge_reports.yml over the two slices' run ids, then audit.yml --check over every host.
+
+Checked (each a line of ``checks``): both slices end rc 0 with every host of theirs upgraded; two run ids, two run
+folders, each slice's report naming only its own hosts; no host lock left on any host; the site cache served every
+host and the run's own fleet caches served nothing; the merged report has every host once, upgraded, and both slices;
+the audit finds every host in sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import fleet_scale as fs  # noqa: E402
+
+from lab import nodes  # noqa: E402
+from lab import site_cache as sc  # noqa: E402
+
+BENCH_DIR = REPO / ".lab" / "bench" / "sliced"
+REPORT_LINE = re.compile(r"^gpufleet report: (\S+)/report\.html", re.M)
+
+
+def playbook(lab: str, name: str, extravars: dict, work: Path, tag: str, *extra: str) -> tuple[list[str], dict, Path]:
+    """argv, environment and log of playbooks/<name> over lab ``lab`` (fleet_scale's command, another playbook)."""
+    argv, env = fs.upgrade_command(lab, extravars, work / f"extravars-{tag}.json")
+    argv[argv.index("playbooks/upgrade.yml")] = f"playbooks/{name}"
+    return argv + list(extra), env, work / f"{tag}.log"
+
+
+def run(argv: list[str], env: dict, log: Path) -> int:
+    with log.open("wb") as out:
+        return subprocess.run(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def report_dir(log: Path) -> Path | None:
+    found = REPORT_LINE.findall(log.read_text(errors="replace"))
+    return Path(found[-1]) if found else None
+
+
+def everything(count: int, keep: bool) -> int:
+    pad = fs.padded_index()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    lab = f"sl-{count}"
+    work = BENCH_DIR / stamp
+    controller = work / "controller"
+    controller.mkdir(parents=True)
+    up = fs.Upstreams(pad["root"], work / "upstream-logs")
+    cache = sc.start(lab, controller_dir=controller, clear=True)
+    report: dict = {"hosts": count, "scale": fs.SCALE, "site_cache": cache["url"], "checks": []}
+    checks = report["checks"]
+
+    def check(ok: bool, what: str) -> None:
+        checks.append(("ok: " if ok else "FAILED: ") + what)
+
+    try:
+        report["lab_up_s"] = fs.fresh_lab(lab, count)
+        hosts = sorted(nodes.load_state(lab)["nodes"])
+        halves = [hosts[: count // 2], hosts[count // 2 :]]
+        lock_file = controller / "fleet.lock.yml"
+        base = dict(fs.upgrade_vars(count, "pull", controller, up), gpufleet_lock_file=str(lock_file))
+        t0 = time.monotonic()
+        rc = run(*playbook(lab, "plan.yml", base, work, "plan"))
+        report["plan"] = {"rc": rc, "wall_s": round(time.monotonic() - t0, 1)}
+        check(rc == 0 and lock_file.is_file(), f"plan.yml wrote the lock file {lock_file} (rc {rc})")
+        since, t0 = time.time(), time.monotonic()
+        slices = []
+        for number, half in enumerate(halves, 1):
+            extravars = dict(base, gpufleet_batch_size=len(half), gpufleet_fleet_cache_url=cache["url"])
+            argv, env, log = playbook(lab, "upgrade.yml", extravars, work, f"slice{number}", "--limit", ",".join(half))
+            out = log.open("wb")
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+            slices.append(
+                {"number": number, "hosts": half, "log": log, "proc": proc, "out": out, "t0": time.monotonic()}
+            )
+        while any("rc" not in s for s in slices):  # each slice's own wall: whichever ends first
+            for s in slices:
+                if "rc" not in s and s["proc"].poll() is not None:
+                    s["rc"], s["wall_s"] = s["proc"].returncode, round(time.monotonic() - s["t0"], 1)
+                    s["out"].close()
+            time.sleep(0.5)
+        report["slices_wall_s"] = round(time.monotonic() - t0, 1)
+        run_ids = []
+        for s in slices:
+            folder = report_dir(s["log"])
+            data = json.loads((folder / "report.json").read_text()) if folder else {}
+            outcomes = {h["host"]: h.get("outcome_kind") for h in data.get("hosts", [])}
+            run_ids.append(data.get("run_id"))
+            report[f"slice{s['number']}"] = {
+                "hosts": s["hosts"],
+                "rc": s["rc"],
+                "wall_s": s["wall_s"],
+                "run_id": data.get("run_id"),
+                "report": str(folder),
+                "outcomes": outcomes,
+                "log": str(s["log"]),
+            }
+            check(
+                s["rc"] == 0 and outcomes == dict.fromkeys(s["hosts"], "upgraded"),
+                f"slice {s['number']} (rc {s['rc']}) upgraded exactly its hosts {s['hosts']}: {outcomes}",
+            )
+        check(len(set(run_ids)) == 2 and None not in run_ids, f"two run ids, two run folders: {run_ids}")
+        locks = {
+            h: nodes.node_exec(h, ["sh", "-c", "ls /var/lib/gpufleet/upgrade.lock 2>/dev/null || true"]).stdout.strip()
+            for h in hosts
+        }
+        check(not any(locks.values()), f"no host lock left: {locks}")
+        counts = sc.read_counts(lab, since=since)
+        own = [r for p in controller.glob("runs/*/fleet-cache-*.access.jsonl") for r in fs._jsonl(p)]
+        report["site_cache_counts"] = counts
+        check(
+            counts.get("requests", 0) > 0 and not own,
+            f"the site cache served {counts.get('requests')} requests, the runs' own fleet caches {len(own)}",
+        )
+        merge_vars = dict(base, gpufleet_merge_runs=run_ids)
+        rc = run(*playbook(lab, "merge_reports.yml", merge_vars, work, "merge"))
+        # merge_reports.yml writes <controller>/runs/merged-<hash12>/ (its message names the report.html).
+        merged = next(iter(sorted(controller.glob("runs/merged-*"))), None)
+        data = json.loads((merged / "report.json").read_text()) if merged else {}
+        merged_hosts = sorted(h["host"] for h in data.get("hosts", []))
+        report["merged"] = {"rc": rc, "report": str(merged), "totals": data.get("totals"), "slices": data.get("slices")}
+        check(
+            rc == 0 and merged_hosts == hosts and len(data.get("slices") or []) == 2,
+            f"merged report (rc {rc}) has every host once and both slices: {merged_hosts}",
+        )
+        rc = run(*playbook(lab, "audit.yml", base, work, "audit", "--check", "--diff"))
+        audit = (work / "audit.log").read_text(errors="replace")
+        check(
+            rc == 0 and f"{count} host(s) audited, 0 drifted" in audit,
+            f"audit.yml --check: every host in sync (rc {rc})",
+        )
+    finally:
+        sc.stop(lab)
+        up.stop()
+        if not keep:
+            nodes.down(lab)
+    out_file = work / "sliced_run.json"
+    out_file.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(json.dumps(report, indent=2, default=str))
+    print(f"[sliced_run] written to {out_file}", file=sys.stderr)
+    return 0 if all(c.startswith("ok: ") for c in checks) else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=4, help="lab hosts, split in two slices")
+    ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    args = ap.parse_args(argv)
+    return everything(args.hosts, args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
