@@ -16,11 +16,10 @@ from ansible_collections.gpufleet.upgrade.plugins.filter.disk import disk_gate
 _MIRROR_FIX = "fix: start the mirror or point gpufleet_index_urls / gpufleet_redist_url at one that answers"
 
 
-def _state(probe_state: dict, host: str, known: dict) -> tuple:
-    recovery = dict(probe_state["recovery"], note=(known or {}).get("note", ""))
+def _state(recovery: dict, host: str) -> tuple:
     refuse = recovery["action"] == "refuse"
     report = ("failed: " if refuse else "ok: ") + str(recovery["reason"])
-    return recovery, report, [f"{host}: {recovery['reason']}"] if refuse else []
+    return report, [f"{host}: {recovery['reason']}"] if refuse else []
 
 
 def _python(python: dict, host: str, name: str, version: str) -> tuple:
@@ -91,14 +90,13 @@ def preflight_gates(
     mirror_urls=(),
     controller_mirrors: dict | None = None,
     drained_check_cmd: str = "",
-    known: dict | None = None,
     lock=None,
     toolkit_free_bytes: int = 0,
     venv_free_bytes: int = 0,
     space_factor: float = 1.5,
 ) -> dict:
-    """{report, failures, recovery}; the report lists lock, state, python, gpu, disk, mirrors (if checked), drained."""
-    recovery, state_report, failures = _state(probe["state"], host, known or {})
+    """{report, failures}; the report lists lock, state, python, gpu, disk, mirrors (if checked), drained."""
+    state_report, failures = _state(probe["state"]["recovery"], host)
     report = {"lock": f"ok: {lock_msg}", "state": state_report}
     for name, (said, failed) in (
         ("python", _python(probe["python"], host, python, python_version)),
@@ -126,7 +124,7 @@ def preflight_gates(
         failures += failed
     report["drained"], failed = _drained(probe["drained"], host, drained_check_cmd)
     failures += failed
-    return {"report": report, "failures": failures, "recovery": recovery}
+    return {"report": report, "failures": failures}
 
 
 class FilterModule:

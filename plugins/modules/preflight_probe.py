@@ -81,7 +81,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: What module C(upgrade_state) with C(state=query) returns (C(previous), C(recovery), ...).
+  description: C(previous) (the state file, {} when absent) and C(recovery), as module C(upgrade_state) returns them.
   returned: always
   type: dict
 python:
@@ -123,10 +123,6 @@ def _path(path: str) -> dict:
     }
 
 
-def _lines(text: str) -> list:
-    return text.splitlines()
-
-
 def disk(module, serving_root: str, toolkit_root: str, toolkit_version: str) -> dict:
     paths = [
         _path(os.path.join(serving_root, "current")),
@@ -140,7 +136,7 @@ def disk(module, serving_root: str, toolkit_root: str, toolkit_version: str) -> 
         rc, out, err = module.run_command(["du", "-sb", "--", *measure])
         if rc != 0:
             module.fail_json(msg=f"du -sb {' '.join(measure)} exited {rc}: {err.strip()[-300:]}")
-        du = _lines(out)
+        du = out.splitlines()
     where = serving_root if paths[3]["exists"] else "/"
     rc, out, err = module.run_command(["df", "-B1", "--output=target,avail", toolkit_root, where])
     if rc != 0:
@@ -148,7 +144,7 @@ def disk(module, serving_root: str, toolkit_root: str, toolkit_version: str) -> 
             msg=f"df {toolkit_root} {where} exited {rc}: {err.strip()[-300:]}; fix: create {toolkit_root} or set the"
             " profile's cuda.root to a folder that exists"
         )
-    return {"paths": paths, "du": du, "df": _lines(out)}
+    return {"paths": paths, "du": du, "df": out.splitlines()}
 
 
 def mirrors(urls: list, timeout: int) -> list:
@@ -171,7 +167,6 @@ def run(module) -> dict:
     state = {
         "previous": previous,
         "recovery": st.decide_recovery(previous, p["run_id"]),
-        "record": st.describe_record(previous, p["state_path"]),
     }
     python = {"skipped": True}
     if p["python"]:

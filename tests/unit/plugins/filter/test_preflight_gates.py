@@ -1,7 +1,7 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filter preflight_gates: role preflight's one judgement over module preflight_probe's answers. The report lists the
-gates in order; each failure names the host, the value seen and the fix; the recovery comes from the state file."""
+gates in order; each failure names the host, the value seen and the fix; the state file's recovery refuses a host."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_a_ready_host_passes_every_gate_in_the_report_s_order():
     assert out["report"]["lock"] == "ok: taken" and out["report"]["python"] == "ok: /usr/bin/python3.12"
     assert out["report"]["gpu"] == "skipped: no GPU" and out["report"]["mirrors"] == "ok: 1 answered"
     assert out["report"]["drained"] == "not required" and out["report"]["disk"].startswith("ok: ")
-    assert out["recovery"] == {"action": "none", "reason": "no earlier run recorded", "note": ""}
+    assert out["report"]["state"] == "ok: no earlier run recorded"
 
 
 def test_every_failed_gate_is_listed_with_the_host_the_value_and_the_fix():
@@ -86,10 +86,9 @@ def test_the_gpu_verdict_of_nvml_info_is_recorded_as_it_is():
     assert judge(probe(), gpu_required=True, nvml={"failed": True, "gates": bad})["failures"] == bad["failures"]
 
 
-def test_mirrors_left_out_when_not_checked_and_a_lost_record_is_noted():
-    out = judge(probe(), check_mirrors=False, known={"note": "the controller last saw it upgraded by run r7"})
-    assert "mirrors" not in out["report"]
-    assert out["recovery"]["note"] == "the controller last saw it upgraded by run r7"
+def test_mirrors_left_out_when_not_checked():
+    out = judge(probe(), check_mirrors=False)
+    assert "mirrors" not in out["report"] and out["failures"] == []
 
 
 def test_the_new_venv_is_sized_from_the_lock_when_it_has_installed_sizes():
