@@ -56,9 +56,8 @@ def tree_env(tree: Path, scratch: Path) -> dict:
 
 
 def one_run(kind: str, lab: str, tree: Path, extravars: dict, scratch: Path, up: fs.Upstreams) -> dict:
-    argv, env = fs.upgrade_command(lab, extravars, scratch / f"{lab}-{kind}.extravars.json")
-    playbook = "audit.yml" if kind == "audit" else "upgrade.yml"
-    argv[argv.index("playbooks/upgrade.yml")] = str(tree / "playbooks" / playbook)
+    playbook = tree / "playbooks" / ("audit.yml" if kind == "audit" else "upgrade.yml")
+    argv, env = fs.upgrade_command(lab, extravars, scratch / f"{lab}-{kind}.extravars.json", str(playbook))
     if kind == "audit":
         argv += ["--check", "--diff"]
     env.update(tree_env(tree, scratch))

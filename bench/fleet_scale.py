@@ -296,11 +296,14 @@ def upgrade_vars(count: int, distribution: str, controller: Path, up: Upstreams)
     }
 
 
-def upgrade_command(lab: str, extravars: dict, ev: Path) -> tuple[list[str], dict]:
-    """playbooks/upgrade.yml over lab ``lab`` with ``extravars`` (written to ``ev``): its argv and environment."""
+def upgrade_command(
+    lab: str, extravars: dict, ev: Path, playbook: str = "playbooks/upgrade.yml"
+) -> tuple[list[str], dict]:
+    """``playbook`` (upgrade.yml unless told) over lab ``lab`` with ``extravars`` (written to ``ev``): its argv and
+    environment."""
     ev.write_text(json.dumps(extravars))
     argv = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(REPO / ".lab" / lab / "inventory.yml")]
-    argv += ["playbooks/upgrade.yml", "-e", f"@{ev}"]
+    argv += [playbook, "-e", f"@{ev}"]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return argv, env

@@ -44,8 +44,7 @@ REPORT_LINE = re.compile(r"^gpufleet report: (\S+)/report\.html", re.M)
 
 def playbook(lab: str, name: str, extravars: dict, work: Path, tag: str, *extra: str) -> tuple[list[str], dict, Path]:
     """argv, environment and log of playbooks/<name> over lab ``lab`` (fleet_scale's command, another playbook)."""
-    argv, env = fs.upgrade_command(lab, extravars, work / f"extravars-{tag}.json")
-    argv[argv.index("playbooks/upgrade.yml")] = f"playbooks/{name}"
+    argv, env = fs.upgrade_command(lab, extravars, work / f"extravars-{tag}.json", f"playbooks/{name}")
     return argv + list(extra), env, work / f"{tag}.log"
 
 
