@@ -116,14 +116,19 @@ class State:
             self.active += 1
             return self.requests, self.active
 
-    def end(self, schedule: Schedule | None) -> None:
+    def account(self, schedule: Schedule) -> None:
+        """Count a finished generation before its last bytes go out, as SGLang's scheduler counts a decode step
+        before the detokenizer sends it: a client that reads /get_server_info right after a response sees it."""
         with self.lock:
-            self.active -= 1
-            if schedule is not None and schedule.completion_tokens:
+            if schedule.completion_tokens:
                 self.cum_tokens += schedule.completion_tokens
                 self.cum_verify += schedule.verify_ct
                 if schedule.e2e_latency > 0:
                     self.last_gen_throughput = schedule.completion_tokens / schedule.e2e_latency
+
+    def end(self) -> None:
+        with self.lock:
+            self.active -= 1
 
     def fault_now(self, request_number: int) -> str:
         fault = self.config.fault
@@ -423,6 +428,7 @@ class Handler(BaseHTTPRequestHandler):
                         self._chunk(b'data: {"text": "broken\n\n')
                     if last:
                         schedule = clock.timed(schedule)
+                        self.state.account(schedule)
                     emit(seed, done, size, index, last, prompt_tokens, schedule, time.monotonic() - start)
                     done += size
                 finish(prompt_tokens, schedule)
@@ -432,6 +438,8 @@ class Handler(BaseHTTPRequestHandler):
                     clock.wait(index)
                 schedule = clock.timed(schedule)
                 payload = finish(prompt_tokens, schedule)
+                if fault != "stream_cut":
+                    self.state.account(schedule)
                 if fault == "malformed_json":
                     self._send_json(HTTPStatus.OK, None, raw=json.dumps(payload).encode()[:-7])
                 elif fault == "stream_cut":
@@ -449,7 +457,7 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if clock is not None:
                 clock.close()
-            self.state.end(schedule)
+            self.state.end()
             if schedule is not None:
                 LOG.info(
                     "request %d: prompt_tokens=%d completion_tokens=%d verify_ct=%d e2e=%.3fs",
