@@ -118,6 +118,7 @@ pulled:
 """
 
 import datetime
+import hashlib
 import http.client
 import json
 import os
@@ -207,20 +208,28 @@ def _holds(path, archive) -> bool:
     return True
 
 
-def pull(module, archives) -> list:
-    """Download into archive_dir each archive it lacks; build() checks every one against the manifest afterwards."""
+def pull(module, archives) -> tuple[list, set]:
+    """Download into archive_dir each archive it lacks. Returns the archives downloaded (relative paths) and the
+    archive paths already checked against the manifest: those found in place (_holds hashed them) and those whose
+    download hashed to the manifest's sha256 and size as it was written. build() hashes only the others, so no
+    archive is read twice; one that did not match is left to build(), which names what is wrong with it."""
     archive_dir, base = module.params["archive_dir"], module.params["pull_url"].rstrip("/")
     os.makedirs(archive_dir, mode=0o700, exist_ok=True)
-    pulled = []
+    pulled, checked = [], set()
     for archive in archives:
         path = os.path.join(archive_dir, os.path.basename(archive["relative_path"]))
         if os.path.isfile(path) and _holds(path, archive):
+            checked.add(path)
             continue
         url = f"{base}/{archive['relative_path']}"
         tmp = f"{path}.part"
+        digest, size = hashlib.sha256(), 0
         try:
             with open_url(url, timeout=module.params["pull_timeout"]) as resp, open(tmp, "wb") as out:
-                shutil.copyfileobj(resp, out, 1 << 20)
+                for block in iter(lambda: resp.read(1 << 20), b""):
+                    digest.update(block)
+                    size += len(block)
+                    out.write(block)
             os.replace(tmp, path)
         except (OSError, http.client.HTTPException) as exc:
             raise rd.RedistError(
@@ -232,10 +241,13 @@ def pull(module, archives) -> list:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         pulled.append(archive["relative_path"])
-    return pulled
+        if digest.hexdigest() == archive["sha256"].strip().lower() and size == archive["size"]:
+            checked.add(path)
+    return pulled, checked
 
 
-def build(module, staging, archives, manifest):
+def build(module, staging, archives, manifest, checked=frozenset()):
+    """Extract every archive into staging, each checked against the manifest first unless in checked (pull() did)."""
     archive_dir = module.params["archive_dir"]
     for archive in archives:
         path = os.path.join(archive_dir, os.path.basename(archive["relative_path"]))
@@ -243,14 +255,15 @@ def build(module, staging, archives, manifest):
             raise rd.RedistError(
                 f"archive {path} is missing on the host; run the role again to push it", kind="missing"
             )
-        rd.verify_file(
-            path,
-            archive["sha256"],
-            archive["size"],
-            label=path,
-            component=archive["component"],
-            manifest=manifest,
-        )
+        if path not in checked:
+            rd.verify_file(
+                path,
+                archive["sha256"],
+                archive["size"],
+                label=path,
+                component=archive["component"],
+                manifest=manifest,
+            )
         rd.extract_archive(path, archive["top_dir"], staging)
 
 
@@ -366,9 +379,10 @@ def main():
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     try:
+        checked = set()
         if p["pull_url"]:
-            result["pulled"] = pull(module, archives)
-        build(module, staging, archives, manifest)
+            result["pulled"], checked = pull(module, archives)
+        build(module, staging, archives, manifest, checked)
         # A reinstall keeps the first install's record of the link: the link may have drifted since.
         old = tk.read_marker(dest) if os.path.isdir(dest) else None
         link_before = (old or {}).get("link_before") or p["link_before"]

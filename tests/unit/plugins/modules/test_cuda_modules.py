@@ -508,6 +508,38 @@ def test_redist_pulls_what_the_archive_folder_lacks_then_builds(mirror, tmp_path
     assert sorted(p.name for p in archive_dir.iterdir()) == sorted(os.path.basename(a["relative_path"]) for a in plan)
 
 
+def test_redist_pull_reads_each_archive_once(mirror, tmp_path, monkeypatch):
+    """An archive kept from an interrupted run is hashed once (to keep it), one pulled now is hashed as it is written:
+    neither is read again before extraction. A real cu130 toolkit is several GB of archives per host."""
+    ok, res = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    plan = res["plan"]["linux-x86_64"]
+    root, archive_dir = tmp_path / "root", tmp_path / "archives"
+    root.mkdir()
+    archive_dir.mkdir()
+    kept = archive_dir / os.path.basename(plan[0]["relative_path"])
+    kept.write_bytes((mirror / plan[0]["relative_path"]).read_bytes())
+    hashed = []
+    real = cuda_redist.rd.file_sha256
+    monkeypatch.setattr(cuda_redist.rd, "file_sha256", lambda path: hashed.append(str(path)) or real(path))
+    ok, res = call(cuda_redist, pull_args(root, plan, archive_dir, mirror.as_uri()))
+    assert ok and res["pulled"] == [plan[1]["relative_path"]], res
+    assert [h for h in hashed if h.startswith(str(archive_dir))] == [str(kept)]
+
+
+def test_redist_pull_of_another_file_is_named_by_the_manifest_check(mirror, tmp_path):
+    """A cache that serves other bytes under an archive's name: the pull hashes them, and the full check before
+    extraction names what is wrong (size and sha256 against the manifest); nothing is installed."""
+    ok, res = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
+    plan = res["plan"]["linux-x86_64"]
+    root, archive_dir = tmp_path / "root", tmp_path / "archives"
+    root.mkdir()
+    served = mirror / plan[1]["relative_path"]
+    served.write_bytes(served.read_bytes() + b"appended by the cache")
+    ok, res = call(cuda_redist, pull_args(root, plan, archive_dir, mirror.as_uri()))
+    assert not ok and res["kind"] == "size" and "the mirror serves another file" in res["msg"], res
+    assert plan[1]["component"] in res["msg"] and os.listdir(root) == []
+
+
 def test_redist_pull_into_a_new_folder_and_a_cache_that_does_not_answer(mirror, tmp_path):
     ok, res = call(cuda_redist_fetch, fetch_args(mirror, tmp_path))
     plan = res["plan"]["linux-x86_64"]
