@@ -228,8 +228,11 @@ def write_markdown(rows):
             f"| {row['point']} | {row['how']} | {row['host']} | {outcome} | {marks} | "
             f"{'yes' if row['converged'] else '**NO**'} | {'safe' if row['safe'] else '**UNSAFE**'} |"
         )
+    # The file's later sections (the recovery matrix of test_recovery_matrix.py) are kept: this module owns its table.
+    previous = REPORT.read_text(encoding="utf-8") if REPORT.exists() else ""
+    later = previous[previous.index("\n## ") :] if "\n## " in previous else ""
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    REPORT.write_text("\n".join(lines) + "\n" + later, encoding="utf-8")
     print(f"fault injection: {len(rows)} rows written to {REPORT.relative_to(REPO)}")
 
 
