@@ -63,8 +63,7 @@ def one_run(kind: str, lab: str, tree: Path, extravars: dict, scratch: Path, up:
     env.update(tree_env(tree, scratch))
     log = fs.LOG_DIR / f"controller_cpu-{lab}-{kind}-{tree.name}.log"
     fs.LOG_DIR.mkdir(parents=True, exist_ok=True)
-    ports = [nd["ssh_port"] for nd in json.loads((REPO / ".lab" / lab / "nodes.json").read_text())["nodes"].values()]
-    m = fs.run_measured(argv, env, log, up.pids(), ports)
+    m = fs.run_measured(argv, env, log, up.pids(), nodes.ssh_ports(lab))
     stats = fs.recap(log.read_text(errors="replace"))
     row = {
         "kind": kind,

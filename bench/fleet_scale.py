@@ -329,10 +329,7 @@ def run_case(count: int, distribution: str, up: Upstreams, keep: bool) -> dict:
         argv, env = upgrade_command(lab, extravars, controller.parent / "extravars.json")
         log = LOG_DIR / f"{case}.log"
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        ports = [
-            nd["ssh_port"] for nd in json.loads((REPO / ".lab" / lab / "nodes.json").read_text())["nodes"].values()
-        ]
-        m = run_measured(argv, env, log, up.pids(), ports)
+        m = run_measured(argv, env, log, up.pids(), nodes.ssh_ports(lab))
         text = log.read_text(errors="replace")
         stats = recap(text)
         row.update({k: v for k, v in m.items() if k != "started"})

@@ -46,8 +46,7 @@ def run(count: int, strategy: str, round_no: int) -> dict:
             env.update(mitogen.strategy_env())
         log = BENCH_DIR / "logs" / f"{lab}-{strategy}-{round_no}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        ports = [nd["ssh_port"] for nd in nodes.load_state(lab)["nodes"].values()]
-        m = fs.run_measured(argv, env, log, set(), ports)
+        m = fs.run_measured(argv, env, log, set(), nodes.ssh_ports(lab))
     finally:
         nodes.down(lab)
     reports = sorted(controller.glob("runs/*/report.json"))

@@ -50,9 +50,8 @@ def playbook(lab: str, controller: Path, up: fs.Upstreams, name: str, extra: dic
     argv, env = fs.upgrade_command(lab, extravars, controller.parent / f"extravars-{name}.json")
     log = BENCH_DIR / "logs" / f"{lab}-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    ports = [nd["ssh_port"] for nd in nodes.load_state(lab)["nodes"].values()]
     before = set(controller.glob("runs/*/report.json"))
-    m = fs.run_measured(argv, env, log, up.pids(), ports)
+    m = fs.run_measured(argv, env, log, up.pids(), nodes.ssh_ports(lab))
     reports = sorted(set(controller.glob("runs/*/report.json")) - before)
     hosts = json.loads(reports[-1].read_text())["hosts"] if reports else []
     drained = {

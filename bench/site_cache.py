@@ -50,8 +50,7 @@ def run_once(count: int, phase: str, up: fs.Upstreams, controller: Path, cache: 
         argv, env = fs.upgrade_command(lab, extravars, controller.parent / f"extravars-{phase}.json")
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log = LOG_DIR / f"{lab}-{phase}.log"
-        ports = [nd["ssh_port"] for nd in nodes.load_state(lab)["nodes"].values()]
-        m = fs.run_measured(argv, env, log, up.pids(), ports)
+        m = fs.run_measured(argv, env, log, up.pids(), nodes.ssh_ports(lab))
         text = log.read_text(errors="replace")
         stats = fs.recap(text)
         row.update(rc=m["rc"], wall_s=m["wall_s"], cpu_total_s=m["cpu_total_s"], log=str(log))

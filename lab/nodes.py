@@ -96,6 +96,11 @@ def load_state(name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"nodes": {}}
 
 
+def ssh_ports(name: str) -> list[int]:
+    """The SSH ports of lab ``name``'s nodes (what a bench meters the SSH traffic of)."""
+    return [nd["ssh_port"] for nd in load_state(name)["nodes"].values()]
+
+
 def container_state(node: str) -> str | None:
     res = podman("inspect", "--format", "{{.State.Status}}", node, check=False)
     return res.stdout.strip() if res.returncode == 0 else None
