@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 import pytest
@@ -60,12 +61,11 @@ def test_all_checks_in_one_worker(worker):
 
 
 def test_a_hung_check_is_killed_and_the_rest_still_run(worker):
-    results, launches, wall = worker({"b": "hang"}, ["a", "b", "c"], timeout_s=1)
+    results, launches, _elapsed = worker({"b": "hang"}, ["a", "b", "c"], timeout_s=1)
     assert results["a"]["status"] == "measured"
     assert results["b"]["status"] == "timeout" and "within 1 s" in results["b"]["error"]
     assert results["c"]["status"] == "measured"
     assert launches == ["a,b,c", "c"]  # restarted for what was left
-    assert wall < 10
 
 
 def test_a_crash_is_reported_with_stderr_and_the_rest_still_run(worker):
@@ -77,17 +77,21 @@ def test_a_crash_is_reported_with_stderr_and_the_rest_still_run(worker):
 
 
 def test_a_worker_that_never_starts_times_every_check_out_once(worker):
-    results, launches, wall = worker({"_startup": "hang"}, ["a", "b"], timeout_s=1)
+    results, launches, _elapsed = worker({"_startup": "hang"}, ["a", "b"], timeout_s=1)
     assert {results[c]["status"] for c in "ab"} == {"timeout"}
     assert "did not start" in results["a"]["error"]
-    assert wall < 10
 
 
 def test_gpus_run_in_parallel(worker):
-    began = time.monotonic()
-    out = _smoke.run_parallel({i: (lambda i=i: time.sleep(1) or i) for i in range(4)})
+    # Every GPU's check waits for all four to be running at once: run one after another, the barrier breaks.
+    together = threading.Barrier(4, timeout=30)
+
+    def check(gpu):
+        together.wait()
+        return gpu
+
+    out = _smoke.run_parallel({i: (lambda i=i: check(i)) for i in range(4)})
     assert out == {0: 0, 1: 1, 2: 2, 3: 3}
-    assert time.monotonic() - began < 3
 
 
 def test_real_worker_without_torch_reports_the_missing_package():

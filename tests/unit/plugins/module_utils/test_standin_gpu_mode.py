@@ -95,14 +95,12 @@ def test_ticks_come_once_per_step_and_concurrent_requests_share_a_step(engines):
     import threading
 
     threads = [threading.Thread(target=lambda: list(engine.ticks(10, [1] * 20))) for _n in range(4)]
-    began = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     # continuous batching: four requests take about as many steps as one, not four times as many
     assert engine.steps - 20 < 2 * 20
-    assert time.monotonic() - began < 2.5 * alone
 
 
 def test_draft_passes_scale_with_the_slowdown():
