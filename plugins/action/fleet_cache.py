@@ -32,10 +32,12 @@ class ActionModule(ActionBase):
             mounts = {name: os.path.expanduser(str(folder)) for name, folder in args["mounts"].items()}
             for folder in mounts.values():
                 os.makedirs(folder, exist_ok=True)
-            state = fc.start(run_dir, mounts, bind=args["bind"], port=args["port"], watch_pid=playbook_pid())
-            url = fc.host_url(args["ssh_client"], state["port"], args["host_address"])
+            address = fc.controller_address(args["ssh_client"], args["host_address"])
+            bind = args["bind"] or address
+            state = fc.start(run_dir, mounts, bind=bind, port=args["port"], watch_pid=playbook_pid())
+            url = fc.host_url(address, state["port"])
         except fc.FleetCacheError as exc:
             result.update(failed=True, msg=f"{host}: {exc}")
             return result
-        result.update(url=url, port=state["port"], reused=state["reused"], pid=state["pid"])
+        result.update(url=url, bind=bind, port=state["port"], reused=state["reused"], pid=state["pid"])
         return result

@@ -15,6 +15,12 @@ description:
     C(http.server)) that serves the controller's verified wheelhouse under C(/wheels/) and its redist cache under
     C(/redist/), read-only and nothing else; later calls of the same run reuse it. It ends with the
     ansible-playbook process that started it, or at O(state=stopped).
+  - It serves regular files under those folders only - the real path of each file, every link resolved, must lie in
+    the folder (a link out of it is refused with 403), a request with C(.) or C(..) segments (encoded or not) is
+    refused, and folders are never listed.
+  - It listens on the controller address the host reaches it at (O(host_address), else the first field of
+    O(ssh_client)), not on every interface, unless O(bind) names another; hosts that reach the controller at other
+    addresses get a server on each.
   - Returns the URL under which this host reaches it (RV(url)) - the controller's address this host's SSH session
     comes from (C(SSH_CLIENT)), or O(host_address).
   - Hosts fetch each file with its sha256 from the lock or the redist manifest (C(ansible.builtin.get_url) with
@@ -46,9 +52,10 @@ options:
     type: dict
     default: {}
   bind:
-    description: Address the server listens on.
+    description: Address the server listens on; empty - the controller address the host reaches it at (see
+      O(host_address)). C(0.0.0.0) listens on every interface.
     type: str
-    default: 0.0.0.0
+    default: ""
   port:
     description: Port; 0 picks a free one.
     type: int
@@ -85,6 +92,11 @@ url:
   returned: when started
   type: str
   sample: http://10.0.0.5:43127
+bind:
+  description: The address the cache listens on.
+  returned: when started
+  type: str
+  sample: 10.0.0.5
 port:
   description: The port it listens on.
   returned: when started
@@ -105,7 +117,7 @@ ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
     "run_dir": {"type": "path", "required": True},
     "mounts": {"type": "dict", "default": {}},
-    "bind": {"type": "str", "default": "0.0.0.0"},
+    "bind": {"type": "str", "default": ""},
     "port": {"type": "int", "default": 0},
     "ssh_client": {"type": "str"},
     "host_address": {"type": "str"},

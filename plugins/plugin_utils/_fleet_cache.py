@@ -5,13 +5,17 @@
 it, stop it and count what it served. The server itself is ``_fleet_cache_server.py`` (Python's http.server).
 
 One server per mount set (the wheels of role venv_rebuild, the redist archives of role cuda_toolkit: each role names
-its own folder), each with its state, ready file and access log in the run's folder."""
+its own folder) and listen address, each with its state, ready file and access log in the run's folder. It listens,
+unless told otherwise, on the controller address the hosts reach it at (``controller_address``): the address their
+SSH session comes from, or the one the inventory names; hosts that reach the controller at two addresses get a server
+on each."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,9 +27,9 @@ SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fleet_cache_
 PREFIX = "fleet-cache"
 
 
-def _files(run_dir, mounts) -> dict:
-    """State, ready, access-log and server-log paths of the server for these mount names."""
-    base = os.path.join(run_dir, f"{PREFIX}-{'-'.join(sorted(mounts))}")
+def _files(run_dir, mounts, bind) -> dict:
+    """State, ready, access-log and server-log paths of the server for these mount names and this address."""
+    base = os.path.join(run_dir, f"{PREFIX}-{'-'.join(sorted(mounts))}-{re.sub(r'[^A-Za-z0-9.-]', '_', bind)}")
     return {
         "state": base + ".json",
         "ready": base + ".ready",
@@ -58,14 +62,14 @@ def read_state(path):
         return None
 
 
-def start(run_dir, mounts, bind="0.0.0.0", port=0, watch_pid=None, python=None, timeout=15.0) -> dict:
+def start(run_dir, mounts, bind, port=0, watch_pid=None, python=None, timeout=15.0) -> dict:
     """The running cache of this run (started now, or ``reused``): ``{pid, port, bind, mounts, access_log}``.
 
     Reused only by the ansible-playbook process that started it (``watch_pid``): a server another run left (it
     ends once that run's process is reaped, maybe in the middle of this run) is replaced, as is one of other
     folders. Every host of a batch asks at once: the first starts it under a lock, the others reuse it."""
     os.makedirs(run_dir, exist_ok=True)
-    files = _files(run_dir, mounts)
+    files = _files(run_dir, mounts, bind)
     with open(files["lock"], "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _start(files, mounts, bind, port, watch_pid, python, timeout)
@@ -100,8 +104,10 @@ def _start(files, mounts, bind, port, watch_pid, python, timeout) -> dict:
                 proc.kill()
             raise FleetCacheError(
                 f"fleet cache: the HTTP server did not start on {bind}:{port} (exit {proc.poll()}): "
-                f"{tail(files['log'])}; fix: free the port or set gpufleet_fleet_cache_port,"
-                " or give a site cache in gpufleet_fleet_cache_url"
+                f"{tail(files['log'])}; fix: free the port or set gpufleet_fleet_cache_port; for an address that is"
+                " not the controller's own (NAT, a jump host) set gpufleet_fleet_cache_bind to one that is and"
+                " gpufleet_fleet_cache_host to the one the hosts reach; or give a site cache in"
+                " gpufleet_fleet_cache_url"
             )
         time.sleep(0.05)
     with open(ready, encoding="utf-8") as handle:
@@ -172,9 +178,9 @@ def _lines(paths):
                 yield from handle
 
 
-def host_url(ssh_client, port, override_host=None) -> str:
-    """The cache's URL as a host reaches it: the controller's address that host's SSH session comes from
-    (``SSH_CLIENT``), unless the inventory names one."""
+def controller_address(ssh_client, override_host=None) -> str:
+    """The controller's address as a host reaches it: the one that host's SSH session comes from (``SSH_CLIENT``),
+    unless the inventory names one. The cache listens there by default, so only the hosts' network reaches it."""
     address = override_host or (str(ssh_client or "").split() or [""])[0]
     if not address:
         raise FleetCacheError(
@@ -182,6 +188,12 @@ def host_url(ssh_client, port, override_host=None) -> str:
             " connection); fix: set gpufleet_fleet_cache_host to an address of the controller the host can reach,"
             " or gpufleet_distribution=push"
         )
+    # sshd listening on IPv6 names an IPv4 client as ::ffff:a.b.c.d: the controller holds the IPv4 address.
+    return address[len("::ffff:") :] if address.lower().startswith("::ffff:") and "." in address else address
+
+
+def host_url(address, port) -> str:
+    """The cache's URL at ``address`` (``controller_address``)."""
     if ":" in address and not address.startswith("["):
         address = f"[{address}]"
     return f"http://{address}:{port}"

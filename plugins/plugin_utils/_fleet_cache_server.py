@@ -11,7 +11,11 @@ request (path, status, bytes) for the run's byte accounting, and ends the server
 that started it is gone, so a run that dies leaves no server behind. Standard library only: the action plugin
 ``fleet_cache`` runs it as a script with the controller's Python.
 
-    python _fleet_cache_server.py --mount wheels=DIR --mount redist=DIR --bind 0.0.0.0 --port 0 \\
+It serves regular files under a mount's folder and nothing else: a request path with ``.`` or ``..`` segments
+(encoded or not) is refused (403), the real path of the file (every link resolved) must lie under the mount's folder
+(a link that leads out of it: 403), and it must be a regular file (a folder, device or pipe: 403); no listings.
+
+    python _fleet_cache_server.py --mount wheels=DIR --mount redist=DIR --bind 10.0.0.5 --port 0 \\
         --watch-pid PID --ready FILE --access-log FILE
 """
 
@@ -22,7 +26,8 @@ import functools
 import http.server
 import json
 import os
-import posixpath
+import socket
+import stat
 import sys
 import threading
 import time
@@ -30,7 +35,7 @@ import urllib.parse
 
 
 class MountHandler(http.server.SimpleHTTPRequestHandler):
-    """GET and HEAD of files under the mounts; no directory listings; one JSON line per request."""
+    """GET and HEAD of regular files under the mounts (``resolve``); no listings; one JSON line per request."""
 
     server_version = "gpufleet-fleet-cache/1"
 
@@ -40,17 +45,35 @@ class MountHandler(http.server.SimpleHTTPRequestHandler):
         self.sent = 0
         super().__init__(*args, directory=os.devnull, **kwargs)
 
-    def translate_path(self, path):
-        """/<mount>/<relative path> -> the file under that mount's folder; anything else -> a path that is absent."""
-        clean = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
-        parts = [p for p in clean.split("/") if p]
-        if len(parts) < 2 or parts[0] not in self.mounts or any(p in ("..", ".") for p in parts):
-            return os.path.join(os.devnull, "absent")
-        return os.path.join(self.mounts[parts[0]], *parts[1:])
+    def send_head(self):
+        """Serve the file ``resolve`` allows, or answer its refusal; http.server does the rest (headers, HEAD)."""
+        code, target = self.resolve(self.path)
+        if code != 200:
+            self.send_error(code, target)
+            return None
+        self.target = target
+        return super().send_head()
 
-    def list_directory(self, path):
-        self.send_error(404, "no listings")
-        return None
+    def translate_path(self, path):
+        return self.target  # send_head resolved and checked it
+
+    def resolve(self, path):
+        """(200, real path of a regular file under the mount) or (404 / 403, why): /<mount>/<relative path> only."""
+        path = urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0])
+        parts = [p for p in path.split("/") if p]
+        if any(p in (".", "..") or "\0" in p for p in parts):
+            return 403, "no relative segments"
+        if len(parts) < 2 or parts[0] not in self.mounts:
+            return 404, "not found"
+        root = self.mounts[parts[0]]
+        real = os.path.realpath(os.path.join(root, *parts[1:]))
+        if os.path.commonpath([root, real]) != root:
+            return 403, "outside the served folder"
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            return 404, "not found"
+        return (200, real) if stat.S_ISREG(mode) else (403, "not a regular file")
 
     def copyfile(self, source, outputfile):
         while True:
@@ -88,6 +111,10 @@ class MountHandler(http.server.SimpleHTTPRequestHandler):
         return  # requests go to the JSON access log, errors to the status code: nothing on stderr
 
 
+class Server6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def alive(pid) -> bool:
     """Whether process ``pid`` runs. A zombie (exited, its parent has not reaped it yet: ansible-runner reaps
     ansible-playbook late) counts as gone, though ``kill(pid, 0)`` still reaches it."""
@@ -115,7 +142,7 @@ def watch(server, pid: int, interval: float = 1.0) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mount", action="append", default=[], help="NAME=DIR, served under /NAME/")
-    parser.add_argument("--bind", default="0.0.0.0")
+    parser.add_argument("--bind", required=True, help="address to listen on (IPv4 or IPv6)")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--watch-pid", type=int, required=True, help="stop when this process is gone")
     parser.add_argument("--ready", required=True, help="file to write {port, pid} to once the server listens")
@@ -129,7 +156,7 @@ def main(argv=None) -> int:
         mounts[name] = os.path.realpath(folder)
     handler = functools.partial(MountHandler, mounts=mounts, log_file=args.access_log)
     try:
-        server = http.server.ThreadingHTTPServer((args.bind, args.port), handler)
+        server = (Server6 if ":" in args.bind else http.server.ThreadingHTTPServer)((args.bind, args.port), handler)
     except OSError as exc:
         print(f"cannot listen on {args.bind}:{args.port}: {exc}", file=sys.stderr)
         return 2

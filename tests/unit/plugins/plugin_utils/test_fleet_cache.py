@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import http.client
 import json
+import os
+import socket
 import subprocess
 import threading
 import time
@@ -47,8 +50,54 @@ def test_serves_the_mounted_files_and_nothing_else(cache):
     assert status == 200 and hashlib.sha256(body).hexdigest() == hashlib.sha256(b"w" * 5000).hexdigest()
     status, body, headers = get(state, "/redist/cuda_nvcc/linux-x86_64/cuda_nvcc-13.0.88-archive.tar.xz", "HEAD")
     assert status == 200 and body == b"" and headers["Content-Length"] == "3000"
-    for path in ("/wheels/", "/wheels/../secret.json", "/wheels/%2e%2e/secret.json", "/secret.json", "/run/x", "/"):
+    for path in ("/secret.json", "/run/x", "/", "/wheels/missing.whl"):
         assert get(state, path)[0] == 404, path
+
+
+def raw_get(state, path):
+    """GET with the path sent as written (urllib would not send some of these as they are)."""
+    conn = http.client.HTTPConnection("127.0.0.1", state["port"], timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_only_regular_files_under_the_folders_are_served(cache, tmp_path):
+    # A link is followed only where its real path stays in the folder: one to a file outside (/redist/passwd-link ->
+    # /etc/passwd), a linked folder outside, relative segments sent as they are or encoded, and folders are refused.
+    _run_dir, state = cache
+    wheels, redist = tmp_path / "wheelhouse", tmp_path / "redist"
+    os.symlink(tmp_path / "secret.json", redist / "secret-link")
+    os.symlink("/etc/passwd", redist / "passwd-link")
+    os.symlink(tmp_path, wheels / "up")
+    os.symlink("six-1.17.0-py3-none-any.whl", wheels / "six-latest.whl")  # a link that stays inside
+    os.mkfifo(wheels / "pipe.whl")
+    refused = {
+        "/redist/passwd-link": 403,
+        "/redist/secret-link": 403,
+        "/wheels/up/secret.json": 403,
+        "/wheels/up/redist/cuda_nvcc/linux-x86_64/cuda_nvcc-13.0.88-archive.tar.xz": 403,
+        "/wheels/../secret.json": 403,
+        "/wheels/%2e%2e/secret.json": 403,
+        "/wheels/%2E%2E%2Fsecret.json": 403,
+        "/wheels/..%2f..%2fetc%2fpasswd": 403,
+        "/redist/./cuda_nvcc/linux-x86_64/cuda_nvcc-13.0.88-archive.tar.xz": 403,
+        "/wheels/six-1.17.0-py3-none-any.whl%00.txt": 403,
+        "/wheels/": 404,
+        "/redist/cuda_nvcc/": 403,
+        "/redist/cuda_nvcc": 403,
+        "/wheels/pipe.whl": 403,
+    }
+    for path, code in refused.items():
+        status, body = raw_get(state, path)
+        assert status == code and b"root:" not in body and b"{}" != body, (path, status, body[:80])
+    status, body = raw_get(state, "/wheels/six-latest.whl")
+    assert status == 200 and body == b"w" * 5000
+    status, body = raw_get(state, "/redist/cuda_nvcc/linux-x86_64/cuda_nvcc-13.0.88-archive.tar.xz?x=1")
+    assert status == 200 and body == b"r" * 3000
 
 
 def test_a_second_start_of_the_run_reuses_the_server_and_stop_counts_what_it_served(cache, tmp_path):
@@ -125,7 +174,7 @@ def test_a_recorded_pid_that_is_now_another_process_is_neither_reused_nor_killed
     fc.stop(str(run_dir))
     stranger = subprocess.Popen(["sleep", "60"])  # the pid the state names now belongs to something else
     try:
-        (run_dir / "fleet-cache-wheels.json").write_text(json.dumps(dict(state, pid=stranger.pid)))
+        (run_dir / "fleet-cache-wheels-127.0.0.1.json").write_text(json.dumps(dict(state, pid=stranger.pid)))
         again = fc.start(str(run_dir), mounts, bind="127.0.0.1")
         assert not again["reused"] and again["pid"] != stranger.pid
         assert fc.stop(str(run_dir))["servers"] == 1
@@ -159,16 +208,55 @@ def test_a_port_in_use_fails_with_the_fix(tmp_path, cache):
     (tmp_path / "w").mkdir()
     with pytest.raises(fc.FleetCacheError, match=r"did not start on 127.0.0.1:\d+ .*gpufleet_fleet_cache_port"):
         fc.start(str(tmp_path / "other"), {"wheels": str(tmp_path / "w")}, bind="127.0.0.1", port=state["port"])
+    with pytest.raises(fc.FleetCacheError, match=r"192.0.2.1:0 .*not the controller's own .*gpufleet_fleet_cache_bind"):
+        fc.start(str(tmp_path / "nat"), {"wheels": str(tmp_path / "w")}, bind="192.0.2.1")  # no address of this machine
     with pytest.raises(fc.FleetCacheError, match=r"/wheels/ \(.*nowhere\) does not exist"):
-        fc.start(str(tmp_path / "third"), {"wheels": str(tmp_path / "nowhere")})
+        fc.start(str(tmp_path / "third"), {"wheels": str(tmp_path / "nowhere")}, bind="127.0.0.1")
 
 
 def test_host_url_is_the_controller_address_the_host_sees():
-    assert fc.host_url("10.88.0.1 51234 22", 8000) == "http://10.88.0.1:8000"
-    assert fc.host_url("fd00::1 51234 22", 8000) == "http://[fd00::1]:8000"
-    assert fc.host_url("10.88.0.1 51234 22", 8000, "cache.example.internal") == "http://cache.example.internal:8000"
+    assert fc.controller_address("10.88.0.1 51234 22") == "10.88.0.1"
+    assert fc.controller_address("::ffff:10.88.0.1 51234 22") == "10.88.0.1"
+    assert fc.controller_address("10.88.0.1 51234 22", "cache.example.internal") == "cache.example.internal"
+    assert fc.host_url("10.88.0.1", 8000) == "http://10.88.0.1:8000"
+    assert fc.host_url("fd00::1", 8000) == "http://[fd00::1]:8000"
     with pytest.raises(fc.FleetCacheError, match="set gpufleet_fleet_cache_host"):
-        fc.host_url("", 8000)
+        fc.controller_address("")
+
+
+def test_it_listens_only_on_the_address_it_is_given(tmp_path):
+    # Bound to 127.0.0.1 it is not reached at another address of this machine (127.0.0.2 is loopback too).
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.whl").write_bytes(b"a")
+    run_dir = str(tmp_path / "run")
+    state = fc.start(run_dir, {"wheels": str(tmp_path / "w")}, bind="127.0.0.1")
+    try:
+        assert get(state, "/wheels/a.whl")[0] == 200
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.2:{state['port']}/wheels/a.whl", timeout=5)
+        # A second address (hosts that reach the controller elsewhere) gets its own server; the first keeps serving.
+        other = fc.start(run_dir, {"wheels": str(tmp_path / "w")}, bind="127.0.0.2")
+        assert not other["reused"] and other["pid"] != state["pid"] and fc.alive(state["pid"])
+        with urllib.request.urlopen(f"http://127.0.0.2:{other['port']}/wheels/a.whl", timeout=5) as resp:
+            assert resp.read() == b"a"
+        assert get(state, "/wheels/a.whl")[0] == 200
+    finally:
+        assert fc.stop(run_dir)["servers"] == 2
+
+
+def test_an_ipv6_address_is_listened_on(tmp_path):
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.whl").write_bytes(b"a")
+    state = fc.start(str(tmp_path / "run"), {"wheels": str(tmp_path / "w")}, bind="::1")
+    try:
+        with urllib.request.urlopen(f"{fc.host_url('::1', state['port'])}/wheels/a.whl", timeout=5) as resp:
+            assert resp.read() == b"a"
+    finally:
+        fc.stop(str(tmp_path / "run"))
 
 
 def test_each_role_gets_a_server_for_its_folder_and_stop_ends_them_all(tmp_path):
