@@ -25,12 +25,19 @@ class ActionModule(WheelAction):
             return result
         args, profile, wheelhouse = start.args, start.profile, start.wheelhouse
         path = os.path.abspath(args["path"])
+        allowed = args["allowed_urls"]
+        if allowed is None:
+            allowed = self._templar.template(task_vars.get("gpufleet_lock_allowed_urls") or [])
         try:
+            # The file as plan.yml wrote it (digest, names), for this profile, naming only allowed URLs: all checked
+            # before anything is fetched or any host changes.
             doc = lf.read(path)
             lf.check_profile(doc, profile, path)
+            lf.check_urls(doc, path, lf.allowed_urls(profile, args["fleet_cache_url"], allowed))
             locks = [lf.entry_lock(doc, entry, path, wheelhouse) for entry in doc["entries"]]
             fetched = self._fetch(args, locks, wheelhouse) if args["fetch"] else []
             self._check_wheels(args, locks, wheelhouse, path)
+            lf.check_metadata(locks, wheelhouse, path)
             _installed_sizes(locks, wheelhouse)
         except (lf.LockFileError, PlanError) as exc:
             return self.fail(result, str(exc))
@@ -63,7 +70,10 @@ class ActionModule(WheelAction):
             return
         if self._task.check_mode and args["fetch"]:
             return  # the files named as fetched would be there after a real run
-        gone = {lock["venv_name"]: verify_wheelhouse(lock, wheelhouse) for lock in locks}
+        gone = {
+            lock["venv_name"]: lf.wheelhouse_mismatches(verify_wheelhouse(lock, wheelhouse), [lock], wheelhouse)
+            for lock in locks
+        }
         lf.refuse_missing(gone, f"the controller's wheelhouse {wheelhouse}", path)
 
 

@@ -10,6 +10,8 @@ import json
 import os
 import tempfile
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._toolkit import stat_signature
+
 
 def file_sha256(path: str, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
@@ -57,29 +59,43 @@ class _Record:
 
 class HashRecord(_Record):
     """The sha256 of a folder's files as they were when hashed, kept in ``<folder>/.gpufleet-sha256.json`` by file
-    name with size and mtime (the hosts keep the same record of their wheelhouse, roles/venv_rebuild/files/
-    venv_host.py): a file that kept its size and mtime is not read again, so a plan or an audit does not hash the
-    controller's multi-GB wheelhouse or redist cache on every run. A changed file is hashed anew. The hosts check
-    every file against the lock's (or the manifest's) sha256 as it streams to them; uv checks wheels again when it
-    installs."""
+    name with the file's stat signature (``_toolkit.stat_signature``: size, mtime, ctime and inode, as the install
+    marker of a toolkit keeps it): a file whose signature did not move is not read again, so a plan or an audit does
+    not hash the controller's multi-GB wheelhouse or redist cache on every run. Size and mtime alone are no key: a
+    copy keeps them (``cp -p``, ``rsync -a``, ``touch -r``), so other bytes put in place with them would pass as the
+    file hashed. The ctime is set by the kernel on every write, rename or ``utime`` and no call sets it back, and a
+    file put in place is another inode: a file replaced or put back is hashed anew. The hosts keep the same record of
+    their wheelhouse (``_venv_host.py``) and check every file against the lock's (or the manifest's) sha256 as it
+    streams to them; uv checks wheels again when it installs."""
 
     NAME = ".gpufleet-sha256.json"
 
     @staticmethod
     def _valid(entry) -> bool:
-        return isinstance(entry, list) and len(entry) == 3
+        # Records of the old shape ([size, mtime_ns, sha256]) are dropped: each such file is hashed once more.
+        return isinstance(entry, list) and len(entry) == 5 and isinstance(entry[4], str)
 
     def _stamp(self, name: str) -> list:
-        st = os.stat(os.path.join(self.folder, name))
-        return [st.st_size, st.st_mtime_ns]
+        return stat_signature(os.path.join(self.folder, name))
+
+    def recorded(self, name: str) -> str | None:
+        """The recorded sha256 of a file whose signature did not move since it was hashed; None otherwise (a file
+        not recorded, changed, or gone). Reads no file."""
+        entry = self._table.get(name)
+        try:
+            return entry[4] if entry and entry[:4] == self._stamp(name) else None
+        except OSError:
+            return None
 
     def sha256(self, name: str) -> str:
         """The file's sha256: recorded if the file is unchanged since, else hashed now (and recorded)."""
+        known = self.recorded(name)
+        if known is not None:
+            return known
         stamp = self._stamp(name)
-        entry = self._table.get(name)
-        if entry and entry[:2] == stamp:
-            return entry[2]
         digest = file_sha256(os.path.join(self.folder, name))
+        # A file written while it was read has another signature now: recorded under the one it had before, it is
+        # hashed again next time instead of trusted with a hash of bytes it no longer holds.
         self._table[name] = [*stamp, digest]
         self._changed = True
         return digest

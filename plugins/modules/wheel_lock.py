@@ -14,13 +14,22 @@ description:
   - Reads the lock file O(path) that C(playbooks/plan.yml) wrote (module C(gpufleet.upgrade.wheel_plan) with
     C(lock_file)) and returns its entries, each shaped as the fact C(gpufleet_wheel_lock) that role C(venv_rebuild)
     installs and role C(assess) judges. Asks no index anything.
+  - Refuses a file that is not as C(playbooks/plan.yml) wrote it, naming the entry, package and field and the fix
+    (plan it again); that is, a digest of its content that does not match (an edit by hand), an older schema without one, or
+    a package whose name or version is not its wheel's file name's.
   - Refuses the file when its profile's name or hash differs from the profile loaded now (role C(stack)); the hash
     covers the profile's content without its URLs (site mirrors may differ between planning and applying).
+  - Refuses a wheel URL (packages and tools) that is not C(http)/C(https) on the origin of one of the profile's
+    indexes (their URLs after C(gpufleet_index_urls)), where pip's default index serves its files, on
+    O(fleet_cache_url), or under one of O(allowed_urls); a C(file:) URL, another host or user info in the URL is
+    refused naming the entry and the URL, before anything is fetched.
   - Refuses it when the wheels it locks are not at hand, naming every missing file, before any host changes. Without
     O(fleet_cache_url) the controller's wheelhouse must hold each wheel with its locked sha256 (hashes recorded for
-    unchanged files are reused; others are read). With O(fleet_cache_url) (a site cache the hosts pull from) each
-    wheel must be served there at C(/wheels/<file>) with the locked size (one HEAD request each); the hosts check
-    the sha256 as they pull.
+    unchanged files are reused; a file's size, mtime, ctime and inode key its record, so a file replaced or put back
+    is read again; others are read). Each refused file is named with the locked sha256 and the one found. A wheel
+    held with its locked sha256 whose METADATA names another name or version is refused. With O(fleet_cache_url)
+    (a site cache the hosts pull from) each wheel must be served there at C(/wheels/<file>) with the locked size
+    (one HEAD request each); the hosts check the sha256 as they pull.
   - With O(fetch), wheels missing from the wheelhouse are first downloaded from the URLs the lock file names, sha256
     checked (the lock's own files; no index listing is read).
   - Each host picks its entry with filter C(gpufleet.upgrade.lock_entry) (same architecture and Python, the newest
@@ -49,6 +58,13 @@ options:
     description: Seconds to wait for each request (site cache, fetch).
     type: int
     default: 30
+  allowed_urls:
+    description:
+      - URL prefixes a wheel URL of the lock file may also start with, besides the origins of the profile's indexes
+        and of O(fleet_cache_url), for an index whose listings link its files on another host. Defaults to
+        C(gpufleet_lock_allowed_urls), else none.
+    type: list
+    elements: str
 attributes:
   check_mode:
     support: full
@@ -110,6 +126,7 @@ ARGUMENT_SPEC = {
     "fleet_cache_url": {"type": "str"},
     "fetch": {"type": "bool", "default": False},
     "timeout": {"type": "int", "default": 30},
+    "allowed_urls": {"type": "list", "elements": "str"},
 }
 
 

@@ -13,6 +13,7 @@ diff shows only what changed. The profile's hash inside it ties it to the profil
 from __future__ import annotations
 
 import copy
+import email.parser
 import hashlib
 import json
 import os
@@ -20,13 +21,19 @@ import re
 import tempfile
 import urllib.error
 import urllib.parse
+import zipfile
 
 import yaml
 from ansible.module_utils.urls import open_url
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
 
-SCHEMA = "gpufleet-lock-file/1"
+# 2: the file carries the digest plan.yml computed of it (``seal``); a file of schema 1 has none and is refused.
+SCHEMA = "gpufleet-lock-file/2"
+OLD_SCHEMAS = ("gpufleet-lock-file/1",)
 # What a lock entry keeps of the planner's lock (``_wheel_plan.make_lock``): what hosts install and the rules it
 # kept. The planner's candidate report is long and changes with every listing: it goes to the report beside the file.
 ENTRY_KEYS = ("platform", "python", "hash", "hash12", "venv_name", "packages", "tools", "overrides", "lock_rules")
@@ -44,6 +51,14 @@ HEADER = (
 
 class LockFileError(Exception):
     """A lock file that cannot be used as it is; the message names the value seen and the fix."""
+
+
+def replan(path: str) -> str:
+    """The fix for a lock file that is not as plan.yml wrote it: plan.yml reads it as it is and shows the diff."""
+    return (
+        f"fix: plan it again with ansible-playbook playbooks/plan.yml -e gpufleet_lock_file={path} (its diff shows"
+        " what differs from a plan), review and commit the file it writes, then apply that. No host was changed"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- profile hash
@@ -137,14 +152,17 @@ def entry_from_lock(lock: dict) -> dict:
 
 
 def make_document(profile: dict, locks: list, generated_at: str) -> dict:
-    """The lock file of the planner's ``locks`` (one per target) for ``profile``: entries in platform order."""
+    """The lock file of the planner's ``locks`` (one per target) for ``profile``: entries in platform order, sealed
+    with its digest."""
     entries = sorted((entry_from_lock(lock) for lock in locks), key=_entry_key)
-    return {
-        "schema": SCHEMA,
-        "profile": {"name": profile["name"], "hash": profile_hash(profile)},
-        "generated_at": generated_at,
-        "entries": entries,
-    }
+    return seal(
+        {
+            "schema": SCHEMA,
+            "profile": {"name": profile["name"], "hash": profile_hash(profile)},
+            "generated_at": generated_at,
+            "entries": entries,
+        }
+    )
 
 
 def _entry_key(entry: dict) -> tuple:
@@ -159,47 +177,347 @@ def dumps(doc: dict) -> str:
     return HEADER + yaml.safe_dump(plain, sort_keys=True, default_flow_style=False, width=100000, allow_unicode=True)
 
 
-def loads(text: str, path: str = "lock file") -> dict:
-    """Parse and check the shape of a lock file; raises LockFileError naming what is wrong and the fix."""
+# ---------------------------------------------------------------------------------------------------- digest
+
+
+def _sha256(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# The fields a short digest names one by one (4 hex digits each, in this order, then one for any other key): a
+# refusal says which field of which package was edited. The file's sha256 is what decides; these only name.
+PACKAGE_FIELDS = (*PACKAGE_KEYS, *OPTIONAL_PACKAGE_KEYS)
+ENTRY_FIELDS = ("platform", "python", "hash", "hash12", "venv_name", "overrides", "lock_rules")
+
+
+def _fields_digest(item: dict, fields: tuple, skip=()) -> str:
+    rest = {k: v for k, v in item.items() if k not in fields and k not in skip}
+    return "".join(_sha256(item.get(k))[:4] for k in fields) + _sha256(rest)[:4]
+
+
+def _edited_fields(before, now: str, fields: tuple) -> list:
+    if not isinstance(before, str) or len(before) != len(now):
+        return ["its digest"]
+    names = [*fields, "another key"]
+    return [names[i // 4] for i in range(0, len(now), 4) if before[i : i + 4] != now[i : i + 4]]
+
+
+def digest_of(doc: dict) -> dict:
+    """The digest of a lock file's content: ``sha256`` of everything but the digest (canonical JSON), and per entry
+    (by platform and Python) a short digest per field of the entry and of each package and tool (by name), so that a
+    refusal names what was edited, and a plan's diff of the file changes only the lines of what changed."""
+    entries = {}
+    for entry in doc.get("entries") or []:
+        entries[_label(entry)] = {
+            "entry": _fields_digest(entry, ENTRY_FIELDS, skip=("packages", "tools")),
+            **{
+                group: {str(p.get("name")): _fields_digest(p, PACKAGE_FIELDS) for p in entry.get(group) or []}
+                for group in ("packages", "tools")
+            },
+        }
+    return {"sha256": _sha256({k: v for k, v in doc.items() if k != "digest"}), "entries": entries}
+
+
+def seal(doc: dict) -> dict:
+    """``doc`` as plain data with its digest (``digest_of``): what plan.yml writes."""
+    plain = json.loads(json.dumps({k: v for k, v in doc.items() if k != "digest"}))
+    plain["digest"] = digest_of(plain)
+    return plain
+
+
+def check_digest(doc: dict, path: str) -> None:
+    """Refuse a lock file whose content is not the one its digest was computed of (edited by hand), naming each
+    entry, package and field that differs, or the head of the file."""
+    edited = digest_mismatch(doc)
+    if edited is not None:
+        raise LockFileError(f"{path} {edited}; {replan(path)}")
+
+
+def digest_mismatch(doc: dict) -> str | None:
+    """What in ``doc`` differs from its digest, in words; None when it matches."""
+    recorded = doc.get("digest")
+    if not isinstance(recorded, dict) or not recorded.get("sha256"):
+        return "carries no digest: it is not as playbooks/plan.yml wrote it"
+    want = digest_of(doc)
+    if recorded.get("sha256") == want["sha256"] and recorded.get("entries") == want["entries"]:
+        return None
+    seen = recorded.get("entries") if isinstance(recorded.get("entries"), dict) else {}
+    named = [f"entry {label} (removed)" for label in sorted(set(seen) - set(want["entries"]))]
+    for entry in doc["entries"]:
+        named += _edited_entry(entry, seen.get(_label(entry)), want["entries"][_label(entry)])
+    where = "; ".join(named) or "its head (schema, profile or generated_at)"
+    return f"was edited since plan.yml wrote it (its digest does not match): {where}"
+
+
+def _edited_entry(entry: dict, was, now: dict) -> list:
+    label = _label(entry)
+    if not isinstance(was, dict):
+        return [f"entry {label} (not an entry plan.yml wrote)"]
+    named = []
+    if was.get("entry") != now["entry"]:
+        fields = _edited_fields(was.get("entry"), now["entry"], ENTRY_FIELDS)
+        named.append(f"entry {label}: {', '.join(fields)}")
+    for group in ("packages", "tools"):
+        before = was.get(group) if isinstance(was.get(group), dict) else {}
+        for package in entry.get(group) or []:
+            name = str(package.get("name"))
+            if name not in before:
+                named.append(f"entry {label}, {group[:-1]} {name} (not one plan.yml wrote)")
+            elif before[name] != now[group][name]:
+                fields = _edited_fields(before[name], now[group][name], PACKAGE_FIELDS)
+                shown = ", ".join(f"{f} {package[f]}" if f in package else f for f in fields)
+                named.append(f"entry {label}, {group[:-1]} {name}: {shown}")
+        named += [f"entry {label}, {group[:-1]} {n} (removed)" for n in sorted(set(before) - set(now[group]))]
+    return named
+
+
+# ---------------------------------------------------------------------------------------------------- names
+
+
+def wheel_name_problem(package: dict) -> str | None:
+    """Why a package's name and version disagree with its wheel's file name, or None."""
+    filename = str(package.get("filename"))
+    try:
+        name, version, _build, _tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename as exc:
+        return f"file {filename} is not a wheel's file name ({exc})"
+    if canonicalize_name(str(package.get("name"))) != name:
+        return f"name {package.get('name')}, but its file {filename} is a wheel of {name}"
+    try:
+        same = Version(str(package.get("version"))) == version
+    except InvalidVersion:
+        return f"version {package.get('version')!r} is not a version (its file {filename} is version {version})"
+    if not same:
+        return f"version {package.get('version')}, but its file {filename} is version {version}"
+    return None
+
+
+def name_problems(doc: dict) -> list:
+    """Each package or tool whose name or version is not its wheel's file name's, in words."""
+    return [
+        f"entry {_label(entry)}, {group[:-1]} {package.get('name')}: {problem}"
+        for entry in doc["entries"]
+        for group in ("packages", "tools")
+        for package in entry.get(group) or []
+        for problem in [wheel_name_problem(package)]
+        if problem
+    ]
+
+
+def check_names(doc: dict, path: str) -> None:
+    """Refuse a lock file where an entry's package or tool names another name or version than its wheel's file."""
+    problems = name_problems(doc)
+    if problems:
+        raise LockFileError(f"{path} does not agree with itself: {'; '.join(problems)}; {replan(path)}")
+
+
+def not_as_planned(doc: dict) -> str | None:
+    """Why ``doc`` (read with ``verify=False``) is not a file plan.yml writes now, in words; None when it is."""
+    if doc.get("schema") != SCHEMA:
+        return f"it is of schema {doc.get('schema')!r}, without a digest"
+    problems = name_problems(doc)
+    if problems:
+        return f"it does not agree with itself: {'; '.join(problems)}"
+    edited = digest_mismatch(doc)
+    return f"it {edited}" if edited else None
+
+
+def read_metadata(path: str) -> tuple:
+    """(Name, Version) of a wheel's METADATA, read from the zip (``<name>-<version>.dist-info/METADATA``)."""
+    with zipfile.ZipFile(path) as archive:
+        members = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(members) != 1:
+            raise ValueError(f"{len(members)} .dist-info/METADATA files instead of one")
+        headers = email.parser.BytesHeaderParser().parsebytes(archive.read(members[0]))
+    return headers.get("Name"), headers.get("Version")
+
+
+def metadata_problems(entries: list, wheelhouse: str) -> list:
+    """Packages and tools whose wheel the wheelhouse holds with the locked sha256 (as recorded: no file is hashed
+    here) but whose METADATA names another name or version, or that is no readable wheel."""
+    record = HashRecord(wheelhouse)
+    problems = []
+    for entry in entries:
+        for group in ("packages", "tools"):
+            for package in entry.get(group) or []:
+                filename = package["filename"]
+                if record.recorded(filename) != package["sha256"]:
+                    continue
+                label = f"entry {_label(entry)}, {group[:-1]} {package['name']}: {filename}"
+                try:
+                    name, version = read_metadata(os.path.join(wheelhouse, filename))
+                    if canonicalize_name(str(name)) != canonicalize_name(package["name"]):
+                        problems.append(f"{label} holds METADATA Name {name}, not {package['name']}")
+                    elif Version(str(version)) != Version(str(package["version"])):
+                        problems.append(f"{label} holds METADATA Version {version}, not {package['version']}")
+                except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+                    problems.append(f"{label} is not a readable wheel ({exc})")
+    return problems
+
+
+def check_metadata(entries: list, wheelhouse: str, path: str) -> None:
+    problems = metadata_problems(entries, wheelhouse)
+    if problems:
+        raise LockFileError(
+            f"{path} names wheels that are not what their METADATA says: {'; '.join(problems)}; the locked sha256"
+            f" pins these files, so the plan that wrote it took a wheel that pip and uv refuse; {replan(path)}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- URLs
+
+
+def _origin(url: str) -> tuple | None:
+    """(scheme, host, port) of an http(s) URL without user info, else None."""
+    try:
+        split = urllib.parse.urlsplit(str(url))
+        port = split.port
+    except ValueError:
+        return None
+    if split.scheme.lower() not in ("http", "https") or not split.hostname or "@" in split.netloc:
+        return None
+    return split.scheme.lower(), split.hostname.lower(), port or (443 if split.scheme.lower() == "https" else 80)
+
+
+def _default_index_files(url: str) -> str | None:
+    """Where pip's own default index serves its files from (another host than its listings), when ``url`` is it."""
+    try:
+        from pip._internal.models.index import PyPI  # pip's own notion of the default index, as _profile reads it
+    except ImportError:
+        return None
+    if _origin(url) != _origin(PyPI.simple_url):
+        return None
+    return f"https://{PyPI.file_storage_domain}/"
+
+
+def allowed_urls(profile: dict, fleet_cache_url: str | None = None, extra=()) -> dict:
+    """{URL prefix: what allows it}: the origin of each of the profile's indexes (after the site's mirrors,
+    ``gpufleet_index_urls``), where pip's default index serves its files, the fleet or site cache, and the operator's
+    ``extra`` prefixes (``gpufleet_lock_allowed_urls``: an index whose listings link files on another host)."""
+    allowed = {}
+    for index in (profile.get("wheels") or {}).get("indexes") or []:
+        origin = _origin(index.get("url"))
+        if origin:
+            allowed.setdefault(_prefix(origin), f"index {index['name']}")
+        files = _default_index_files(index.get("url"))
+        if files:
+            allowed.setdefault(files, f"index {index['name']} (where pip's default index serves its files)")
+    if fleet_cache_url and _origin(fleet_cache_url):
+        allowed.setdefault(_prefix(_origin(fleet_cache_url)), "the fleet cache (gpufleet_fleet_cache_url)")
+    for prefix in extra or ():
+        if _origin(prefix):
+            allowed.setdefault(str(prefix), "gpufleet_lock_allowed_urls")
+    return allowed
+
+
+def _prefix(origin: tuple) -> str:
+    scheme, host, port = origin
+    return f"{scheme}://{host}:{port}/"
+
+
+def _normal(url: str) -> str | None:
+    """``url`` as ``scheme://host:port/path`` for prefix comparison; None for one that is not plain http(s) (user
+    info, a dot segment that climbs out of a prefix)."""
+    origin = _origin(url)
+    if origin is None:
+        return None
+    path = urllib.parse.urlsplit(str(url)).path or "/"
+    if any(part in (".", "..") for part in urllib.parse.unquote(path).split("/")):
+        return None
+    return _prefix(origin) + path.lstrip("/")
+
+
+def url_allowed(url: str, allowed: dict) -> bool:
+    normal = _normal(url)
+    if normal is None:
+        return False
+    return any(normal.startswith(_normal(prefix) or "\0") for prefix in allowed)
+
+
+def check_urls(doc: dict, path: str, allowed: dict) -> None:
+    """Refuse a lock file naming a wheel URL outside ``allowed`` (``allowed_urls``), before anything is fetched."""
+    refused = [
+        f"entry {_label(entry)}, {group[:-1]} {package.get('name')}: {package.get('url')}"
+        for entry in doc["entries"]
+        for group in ("packages", "tools")
+        for package in entry.get(group) or []
+        if not url_allowed(package.get("url"), allowed)
+    ]
+    if refused:
+        raise LockFileError(
+            f"{path} names wheel URLs that are none of the profile's indexes nor the fleet cache"
+            f" ({'; '.join(refused)});"
+            f" allowed: http(s) under {', '.join(sorted(allowed)) or 'nothing (the profile names no http(s) index)'};"
+            " nothing was fetched. fix: plan the lock file again from the profile's indexes"
+            f" (ansible-playbook playbooks/plan.yml -e gpufleet_lock_file={path}), or, where an index links its"
+            " files on another host, add that URL prefix to gpufleet_lock_allowed_urls. No host was changed"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- read
+
+
+def loads(text: str, path: str = "lock file", verify: bool = True) -> dict:
+    """Parse and check a lock file: its shape, then (``verify``) that each wheel's name and version are its file
+    name's and that its content is the one its digest was computed of. Raises LockFileError naming what is wrong
+    and the fix. ``verify=False`` (plan.yml reading the previous file to diff against) takes a file of an older
+    schema, or edited by hand, as it is."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise LockFileError(f"{path} is not valid YAML ({exc}); fix: restore it from version control") from exc
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        seen = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if verify and schema in OLD_SCHEMAS:
+        raise LockFileError(
+            f"{path} is a lock file of schema {schema!r}, written before lock files carried their digest (schema"
+            f" {SCHEMA!r}); {replan(path)}"
+        )
+    if not isinstance(doc, dict) or schema not in (SCHEMA, *(() if verify else OLD_SCHEMAS)):
+        seen = schema if isinstance(doc, dict) else type(doc).__name__
         raise LockFileError(
             f"{path} is not a gpufleet lock file (schema {seen!r}, expected {SCHEMA!r}); fix: pass a file written by"
             " playbooks/plan.yml"
         )
-    problems = []
-    if not isinstance(doc.get("profile"), dict) or not doc["profile"].get("name") or not doc["profile"].get("hash"):
-        problems.append("profile name and hash")
-    entries = doc.get("entries")
-    if not isinstance(entries, list) or not entries:
-        problems.append("entries")
-    else:
-        for number, entry in enumerate(entries, start=1):
-            missing = [k for k in ("platform", "python", "hash", "venv_name", "packages") if not entry.get(k)]
-            missing += [
-                f"packages[{i}].{k}"
-                for i, p in enumerate(entry.get("packages") or [])
-                for k in ("name", "version", "filename", "sha256")
-                if not p.get(k)
-            ]
-            if missing:
-                problems.append(f"entry {number} ({', '.join(missing)})")
+    problems = _shape_problems(doc)
     if problems:
         raise LockFileError(
             f"{path} lacks {'; '.join(problems)}; fix: restore it from version control or plan it again with"
             " playbooks/plan.yml"
         )
+    if verify:
+        check_names(doc, path)
+        check_digest(doc, path)
     return doc
 
 
-def read(path: str) -> dict:
+def _shape_problems(doc: dict) -> list:
+    problems = []
+    if not isinstance(doc.get("profile"), dict) or not doc["profile"].get("name") or not doc["profile"].get("hash"):
+        problems.append("profile name and hash")
+    entries = doc.get("entries")
+    if not isinstance(entries, list) or not entries:
+        return [*problems, "entries"]
+    for number, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            problems.append(f"entry {number} (not a mapping)")
+            continue
+        missing = [k for k in ("platform", "python", "hash", "venv_name", "packages") if not entry.get(k)]
+        missing += [
+            f"{group}[{i}].{k}"
+            for group in ("packages", "tools")
+            for i, p in enumerate(entry.get(group) or [])
+            for k in ("name", "version", "filename", "url", "sha256")
+            if not isinstance(p, dict) or not p.get(k)
+        ]
+        if missing:
+            problems.append(f"entry {number} ({', '.join(missing)})")
+    return problems
+
+
+def read(path: str, verify: bool = True) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
-            return loads(handle.read(), path)
+            return loads(handle.read(), path, verify)
     except OSError as exc:
         raise LockFileError(
             f"lock file {path} cannot be read ({exc.strerror}); fix: pass gpufleet_lock_file as the path of a file"
@@ -272,15 +590,32 @@ def missing_from_site_cache(entries: list, url: str, timeout: float = 10, opener
 
 
 def refuse_missing(missing: dict, where: str, path: str) -> None:
-    """``missing``: {venv_name: [file, ...]} of wheels ``where`` does not hold with the locked sha256."""
+    """``missing``: {venv_name: [file, ...]} of wheels ``where`` does not hold with the locked sha256, each named
+    with the locked sha256 and the one found (``wheelhouse_mismatches``)."""
     if not any(missing.values()):
         return
     named = "; ".join(f"{venv}: {', '.join(files)}" for venv, files in sorted(missing.items()) if files)
     raise LockFileError(
-        f"{where} no longer holds every wheel of {path} with its locked sha256 ({named}); fix: put those files back"
-        " (ansible-playbook playbooks/plan.yml -e gpufleet_lock_file=<the file> -e gpufleet_lock_fetch=true fetches"
-        " exactly them from the URLs the lock names), or plan a new lock file. No host was changed"
+        f"{where} no longer holds every wheel of {path} with its locked sha256 ({named}); fix: put the locked files"
+        " back (a file put back is hashed anew), or fetch exactly them from the URLs the lock names, sha256 checked:"
+        f" ansible-playbook playbooks/plan.yml -e gpufleet_lock_file={path} -e gpufleet_lock_fetch=true; or plan a new"
+        " lock file. No host was changed"
     )
+
+
+def wheelhouse_mismatches(names: list, entries: list, wheelhouse: str) -> list:
+    """The files ``names`` (a wheelhouse check found them missing or other) in words: each with the sha256 the lock
+    has and the one the wheelhouse's file has (recorded by that check: read again only if it changed since)."""
+    locked = {p["filename"]: p["sha256"] for e in entries for p in (e.get("packages") or []) + (e.get("tools") or [])}
+    record = HashRecord(wheelhouse)
+    out = []
+    for name in names:
+        try:
+            found = f"the file there has {record.sha256(name)}"
+        except OSError:
+            found = "no such file there"
+        out.append(f"{name} (locked sha256 {locked.get(name)}, {found})")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- diff
@@ -312,12 +647,17 @@ def diff(old: dict | None, new: dict) -> dict:
             }
         )
     old_profile = (old or {}).get("profile") or {}
+    # A previous file that is not as plan.yml writes it (an older schema, an edit by hand) is written anew even when
+    # its wheels are the plan's: kept, it would be refused when applied.
+    rewritten = not_as_planned(old) if old is not None else None
     return {
         "previous": old is not None,
         "profile": {"old": old_profile.get("hash"), "new": new["profile"]["hash"]},
         "entries": entries,
+        "rewritten": rewritten,
         "changed": any(e["added"] or e["removed"] or e["changed"] for e in entries)
-        or old_profile.get("hash") != new["profile"]["hash"],
+        or old_profile.get("hash") != new["profile"]["hash"]
+        or rewritten is not None,
     }
 
 
@@ -337,6 +677,8 @@ def diff_lines(change: dict) -> list:
         return ["no change against the previous lock file"]
     else:
         lines = []
+        if change.get("rewritten"):
+            lines.append(f"the previous lock file is written anew: {change['rewritten']}")
         if change["profile"]["old"] != change["profile"]["new"]:
             lines.append(f"profile hash {str(change['profile']['old'])[:12]} -> {change['profile']['new'][:12]}")
     for entry in change["entries"]:

@@ -19,10 +19,24 @@ from ansible_collections.gpufleet.upgrade.plugins.action import wheel_plan as pl
 from ansible_collections.gpufleet.upgrade.plugins.modules import wheel_lock as lock_module
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
 
-PROFILE = {"name": "lab", "python": {"version": "3.11"}, "wheels": {"indexes": [], "packages": [], "rules": {}}}
+PROFILE = {
+    "name": "lab",
+    "python": {"version": "3.11"},
+    "wheels": {"indexes": [{"name": "lab-main", "url": "http://127.0.0.1:1/simple"}], "packages": [], "rules": {}},
+}
 
 
-def fake_lock(target, kernel="0.3.21+cu130", content=b"kernel-1"):
+def wheel(version="0.3.21+cu130", name="lab-sgl-kernel", payload="x"):
+    """A wheel's bytes: one module and its METADATA."""
+    body = io.BytesIO()
+    with zipfile.ZipFile(body, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("kernel/__init__.py", payload)
+        archive.writestr(f"lab_sgl_kernel-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n")
+    return body.getvalue()
+
+
+def fake_lock(target, kernel="0.3.21+cu130", content=None):
+    content = wheel(kernel) if content is None else content
     filename = f"lab_sgl_kernel-{kernel}-py3-none-any.whl"
     sha = hashlib.sha256(content).hexdigest()
     digest = hashlib.sha256(f"{target.platform}{target.python_version}{sha}".encode()).hexdigest()
@@ -66,7 +80,7 @@ def make(action_module, name, args, check_mode=False, diff=False):
 @pytest.fixture
 def index(monkeypatch):
     """A fake planner over an index whose kernel build the test can change; fills the wheelhouse like the real one."""
-    state = {"kernel": "0.3.21+cu130", "content": b"kernel-1", "targets": []}
+    state = {"kernel": "0.3.21+cu130", "content": wheel(), "targets": []}
 
     def make_lock(profile, target, fetcher, uv, tools, today, wheelhouse, cache_dir, reuse_wheelhouse):
         state["targets"].append((target.platform, target.python_version))
@@ -136,7 +150,7 @@ def test_one_entry_per_group_at_its_lowest_glibc_then_a_plan_without_news_change
 def test_a_new_build_is_the_diff_and_the_apply_takes_it(index, tmp_path):
     plan(tmp_path)
     old = lf.read(str(tmp_path / "fleet.lock.yml"))["entries"][0]["venv_name"]
-    index.update(kernel="0.3.22+cu130", content=b"kernel-2")
+    index.update(kernel="0.3.22+cu130", content=wheel("0.3.22+cu130"))
     result = plan(tmp_path)
     assert result["changed"] is True
     assert result["diff_lines"][1].startswith("  ~ lab-sgl-kernel 0.3.21+cu130 (sha256 ")
@@ -169,13 +183,9 @@ def test_apply_of_a_file_that_is_not_there_names_it(tmp_path):
 
 
 def test_the_applied_entries_carry_each_wheel_installed_size_read_from_the_wheelhouse(index, tmp_path):
-    body = io.BytesIO()
-    with zipfile.ZipFile(body, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("kernel/__init__.py", "x" * 5000)
-        archive.writestr("lab_sgl_kernel-0.3.21+cu130.dist-info/METADATA", "Name: lab-sgl-kernel\n")
-    index.update(content=body.getvalue())
+    index.update(content=wheel(payload="x" * 5000))
     plan(tmp_path)
     result = apply(tmp_path)
     assert not result.get("failed"), result.get("msg")
     package = result["entries"][0]["packages"][0]
-    assert package["installed_size"] == 5000 + len("Name: lab-sgl-kernel\n") > package["size"]
+    assert package["installed_size"] == 5000 + len("Name: lab-sgl-kernel\nVersion: 0.3.21+cu130\n") > package["size"]
