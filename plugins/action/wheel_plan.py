@@ -125,7 +125,7 @@ class ActionModule(WheelAction):
         except lf.LockFileError as exc:
             return self.fail(result, f"{host}: {exc}")
         try:
-            previous = lf.read(path) if os.path.exists(path) else None
+            previous = lf.read(path, verify=False) if os.path.exists(path) else None
         except lf.LockFileError as exc:
             return self.fail(result, f"{host}: {exc}; or move it aside to plan without a previous lock file")
         locks = []

@@ -53,8 +53,10 @@ LIST_PACKAGES = (
     "print(json.dumps(sorted(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() + '==' + d.version"
     " for d in m.distributions())))"
 )
-# sha256 of the wheels this script checked or fetched, by file name with size and mtime: an unchanged file is not
-# read again (a 2 GB wheel takes seconds to hash). uv checks every hash again when it installs.
+# sha256 of the wheels this script checked or fetched, by file name with the file's size, mtime, ctime and inode
+# (as _toolkit.stat_signature; this file runs alone, stdlib only): an unchanged file is not read again (a 2 GB wheel
+# takes seconds to hash), and a file replaced or put back, even with its size and mtime kept (cp -p), is hashed anew.
+# uv checks every hash again when it installs.
 HASHES = ".gpufleet-sha256.json"
 MARK = ".gpufleet-verified"
 
@@ -95,21 +97,22 @@ def free_bytes(path):
 
 def _stamp(path):
     st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def recorded_hashes(wheelhouse):
-    """{file name: sha256} of the wheels whose size and mtime are the ones recorded when they were hashed."""
+    """{file name: sha256} of the wheels whose stat signature is the one recorded when they were hashed (a record of
+    another shape counts as none: the file is hashed again)."""
     try:
         with open(os.path.join(wheelhouse, HASHES), encoding="utf-8") as handle:
             table = json.load(handle)
     except (OSError, ValueError):
         return {}
     out = {}
-    for name, (size, mtime_ns, digest) in table.items():
+    for name, entry in table.items() if isinstance(table, dict) else ():
         try:
-            if _stamp(os.path.join(wheelhouse, name)) == [size, mtime_ns]:
-                out[name] = digest
+            if isinstance(entry, list) and len(entry) == 5 and _stamp(os.path.join(wheelhouse, name)) == entry[:4]:
+                out[name] = entry[4]
         except OSError:
             continue
     return out
