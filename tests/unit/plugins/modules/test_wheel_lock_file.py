@@ -189,3 +189,83 @@ def test_the_applied_entries_carry_each_wheel_installed_size_read_from_the_wheel
     assert not result.get("failed"), result.get("msg")
     package = result["entries"][0]["packages"][0]
     assert package["installed_size"] == 5000 + len("Name: lab-sgl-kernel\nVersion: 0.3.21+cu130\n") > package["size"]
+
+
+# ---------------------------------------------------------------------------------------------------- issue 42
+
+
+def put_in_place(source, dest):
+    """cp -p over the wheel: other bytes, with the size and mtime the wheel had."""
+    import os
+    import shutil
+
+    stat = os.stat(dest)
+    shutil.copy2(source, dest)
+    os.utime(dest, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_tampered_wheel_of_the_same_size_and_mtime_is_refused_and_the_right_one_put_back_is_taken(index, tmp_path):
+    plan(tmp_path)
+    assert not apply(tmp_path).get("failed")  # the wheelhouse's record now holds the wheel's hash
+    held = tmp_path / "c/wheelhouse/lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl"
+    locked = hashlib.sha256(held.read_bytes()).hexdigest()
+    (tmp_path / "kept.whl").write_bytes(held.read_bytes())
+    forged = wheel(payload="y")
+    assert len(forged) == held.stat().st_size
+    (tmp_path / "forged.whl").write_bytes(forged)
+    put_in_place(tmp_path / "forged.whl", held)
+    refused = apply(tmp_path)
+    assert refused.get("failed"), refused
+    assert (
+        f"lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl (locked sha256 {locked}, the file there has"
+        f" {hashlib.sha256(forged).hexdigest()})" in refused["msg"]
+    ), refused["msg"]
+    put_in_place(tmp_path / "kept.whl", held)
+    taken = apply(tmp_path)
+    assert not taken.get("failed"), taken["msg"]
+
+
+def test_a_hand_edited_lock_file_is_refused_and_plan_yml_writes_it_anew(index, tmp_path):
+    plan(tmp_path)
+    path = tmp_path / "fleet.lock.yml"
+    path.write_text(path.read_text().replace("version: 0.3.21+cu130", "version: 0.3.21.1+cu130"))
+    refused = apply(tmp_path)
+    assert refused["failed"] and "package lab-sgl-kernel: version 0.3.21.1+cu130, but its file" in refused["msg"]
+    again = plan(tmp_path)
+    assert not again.get("failed"), again["msg"]
+    assert again["diff_lines"][0].startswith("the previous lock file is written anew: it does not agree with itself")
+    assert not apply(tmp_path).get("failed")
+
+
+def forged_lock(tmp_path, url):
+    """A lock file sealed with a digest (as anyone with the collection can), naming ``url`` for its wheel."""
+    doc = lf.read(str(tmp_path / "fleet.lock.yml"))
+    doc["entries"][0]["packages"][0]["url"] = url
+    lf.write(str(tmp_path / "fleet.lock.yml"), lf.dumps(lf.seal(doc)))
+
+
+@pytest.mark.parametrize("url", ["file:///etc/shadow", "https://evil.example/lab_sgl_kernel.whl"])
+def test_a_wheel_url_off_the_profile_s_indexes_is_refused_before_anything_is_fetched(index, tmp_path, monkeypatch, url):
+    plan(tmp_path)
+    (tmp_path / "c/wheelhouse/lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl").unlink()
+    forged_lock(tmp_path, url)
+    fetched = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            pass
+
+        def download(self, url, *args, **kwargs):
+            fetched.append(url)
+            raise AssertionError("fetched")
+
+    monkeypatch.setattr(lock_action, "Fetcher", Recorder)
+    monkeypatch.setattr(
+        lock_action, "fetch_wheelhouse", lambda f, lock, wh: [f.download(e["url"]) for e in lock["packages"]]
+    )
+    for fetch in (False, True):
+        refused = apply(tmp_path, fetch=fetch)
+        assert refused.get("failed"), refused
+        assert f"entry x86_64-manylinux_2_36 Python 3.11, package lab-sgl-kernel: {url}" in refused["msg"]
+        assert "allowed: http(s) under http://127.0.0.1:1/" in refused["msg"]
+    assert fetched == []

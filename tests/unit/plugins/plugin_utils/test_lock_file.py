@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import http.server
 import re
 import threading
+import zipfile
 
 import pytest
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
 
 PROFILE = {
@@ -303,3 +306,202 @@ def test_the_file_keeps_who_computed_a_hash_and_the_installed_size_but_not_the_p
     # A package the planner said nothing of carries neither key (as in lock files written before them).
     assert "sha256_source" not in packages["lab-sgl-kernel"] and "installed_size" not in packages["lab-sgl-kernel"]
     assert "required_by" not in lf.read(str(path))["entries"][0]["lock_rules"]
+
+
+# ---------------------------------------------------------------------------------------------------- issue 42
+
+
+def written(tmp_path, *locks) -> str:
+    path = tmp_path / "fleet.lock.yml"
+    lf.write(str(path), lf.dumps(lf.make_document(PROFILE, list(locks) or [lock()], "t")))
+    return str(path)
+
+
+def edit(path, old, new):
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    assert text.count(old) == 1, old
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text.replace(old, new))
+
+
+def test_a_lock_file_as_plan_yml_wrote_it_carries_its_digest_and_reads_back(tmp_path):
+    path = written(tmp_path)
+    doc = lf.read(path)
+    assert doc["schema"] == "gpufleet-lock-file/2" and len(doc["digest"]["sha256"]) == 64
+    assert set(doc["digest"]["entries"]["x86_64-manylinux_2_36 Python 3.11"]["packages"]) == {"lab-sgl-kernel", "six"}
+    assert lf.diff(doc, lf.make_document(PROFILE, [lock()], "t"))["changed"] is False
+
+
+def test_a_version_edited_by_hand_is_refused_naming_the_entry_the_package_and_the_file(tmp_path):
+    path = written(tmp_path)
+    edit(path, "version: 0.3.21+cu130", "version: 0.3.21.1+cu130")
+    with pytest.raises(lf.LockFileError) as refused:
+        lf.read(path)
+    assert (
+        "entry x86_64-manylinux_2_36 Python 3.11, package lab-sgl-kernel: version 0.3.21.1+cu130, but its file"
+        " lab_sgl_kernel-0.3.21+cu130-py3-none-any.whl is version 0.3.21+cu130" in str(refused.value)
+    )
+    assert f"plan.yml -e gpufleet_lock_file={path}" in str(refused.value) and "No host was changed" in str(
+        refused.value
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "named"),
+    [
+        ("sha256: " + "a" * 64, "sha256: " + "f" * 64, "package lab-sgl-kernel: sha256 " + "f" * 64),
+        (
+            "url: http://127.0.0.1:38100/packages/six-1.17.0",
+            "url: http://127.0.0.1:38100/other/six-1.17.0",
+            "package six: url http://127.0.0.1:38100/other/six-1.17.0-py3-none-any.whl",
+        ),
+        ("venv_name: lab-", "venv_name: lab-x", "entry x86_64-manylinux_2_36 Python 3.11: venv_name"),
+        ("hash: " + lf.profile_hash(PROFILE), "hash: " + "d" * 64, "its head (schema, profile or generated_at)"),
+    ],
+)
+def test_any_other_edit_by_hand_is_refused_naming_what_was_edited(tmp_path, old, new, named):
+    path = written(tmp_path)
+    edit(path, old, new)
+    with pytest.raises(lf.LockFileError, match=r"was edited since plan\.yml wrote it") as refused:
+        lf.read(path)
+    assert named in str(refused.value), str(refused.value)
+
+
+def test_a_lock_file_of_schema_1_is_refused_with_the_fix_and_plan_yml_writes_it_anew(tmp_path):
+    path = written(tmp_path)
+    doc = lf.read(path)
+    old = {k: v for k, v in doc.items() if k != "digest"}
+    old["schema"] = "gpufleet-lock-file/1"
+    lf.write(path, lf.dumps(old))
+    with pytest.raises(lf.LockFileError, match=r"schema 'gpufleet-lock-file/1', written before .* plan it again"):
+        lf.read(path)
+    # plan.yml reads it as it is, finds the same wheels, and still writes the file anew.
+    change = lf.diff(lf.read(path, verify=False), lf.make_document(PROFILE, [lock()], "t2"))
+    assert change["changed"] and change["rewritten"] == "it is of schema 'gpufleet-lock-file/1', without a digest"
+    assert lf.diff_lines(change)[0].startswith("the previous lock file is written anew: it is of schema")
+
+
+def test_plan_yml_over_a_hand_edited_file_shows_the_edit_in_its_diff(tmp_path):
+    path = written(tmp_path)
+    edit(path, "sha256: " + "a" * 64, "sha256: " + "f" * 64)
+    change = lf.diff(lf.read(path, verify=False), lf.make_document(PROFILE, [lock()], "t2"))
+    lines = lf.diff_lines(change)
+    assert lines[0].startswith("the previous lock file is written anew: it was edited since plan.yml wrote it")
+    assert "  ~ lab-sgl-kernel 0.3.21+cu130 (sha256 ffffffffffff) -> 0.3.21+cu130 (sha256 aaaaaaaaaaaa)" in lines
+
+
+def test_a_name_that_is_not_its_wheel_s_is_refused(tmp_path):
+    renamed = lock()
+    renamed["packages"][0]["name"] = "requests"
+    with pytest.raises(lf.LockFileError, match=r"package requests: name requests, but its file six-1.17.0-py3"):
+        lf.loads(lf.dumps(lf.make_document(PROFILE, [renamed], "t")), "x.yml")
+
+
+def allowed(**kw):
+    return lf.allowed_urls(PROFILE, **kw)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "file:///etc/shadow",
+        "ftp://127.0.0.1:38100/six-1.17.0-py3-none-any.whl",
+        "http://127.0.0.1:38101/six-1.17.0-py3-none-any.whl",
+        "http://evil.example/six-1.17.0-py3-none-any.whl",
+        "https://127.0.0.1:38100/six-1.17.0-py3-none-any.whl",
+        "http://127.0.0.1:38100@evil.example/six-1.17.0-py3-none-any.whl",
+        "http://user@127.0.0.1:38100/six-1.17.0-py3-none-any.whl",
+        "//127.0.0.1:38100/six-1.17.0-py3-none-any.whl",
+        "six-1.17.0-py3-none-any.whl",
+    ],
+)
+def test_a_wheel_url_off_the_profile_s_indexes_is_refused_naming_the_entry_and_the_url(url):
+    doc = lf.make_document(PROFILE, [lock()], "t")
+    doc["entries"][0]["packages"][1]["url"] = url
+    with pytest.raises(lf.LockFileError) as refused:
+        lf.check_urls(doc, "fleet.lock.yml", allowed())
+    assert f"entry x86_64-manylinux_2_36 Python 3.11, package six: {url}" in str(refused.value)
+    assert "allowed: http(s) under http://127.0.0.1:38100/" in str(refused.value)
+    assert "nothing was fetched" in str(refused.value) and "No host was changed" in str(refused.value)
+
+
+def test_allowed_urls_are_the_indexes_after_mirrors_the_fleet_cache_and_the_operator_s_prefixes():
+    doc = lf.make_document(PROFILE, [lock()], "t")
+    lf.check_urls(doc, "fleet.lock.yml", allowed())
+    tools = doc["entries"][0]["tools"][0]
+    tools["url"] = "http://cache.site.example:8080/wheels/uv-0.13.8-py3-none-any.whl"
+    with pytest.raises(lf.LockFileError, match=re.escape("tool uv: http://cache.site.example:8080/wheels/uv")):
+        lf.check_urls(doc, "fleet.lock.yml", allowed())
+    lf.check_urls(doc, "fleet.lock.yml", allowed(fleet_cache_url="http://CACHE.site.example:8080"))
+    tools["url"] = "https://releases.example/org/whl/download/v1/uv-0.13.8-py3-none-any.whl"
+    lf.check_urls(doc, "f", allowed(extra=["https://releases.example/org/whl/download/"]))
+    for climbing in ("https://releases.example/org/whl/download/../../evil/uv.whl", "https://releases.example/org/x"):
+        tools["url"] = climbing
+        with pytest.raises(lf.LockFileError, match="tool uv"):
+            lf.check_urls(doc, "f", allowed(extra=["https://releases.example/org/whl/download/"]))
+    mirrored = copy.deepcopy(PROFILE)
+    mirrored["wheels"]["indexes"][0]["url"] = "https://mirror.site.example/simple"
+    with pytest.raises(lf.LockFileError, match=re.escape("package six: http://127.0.0.1:38100/packages/six")):
+        lf.check_urls(lf.make_document(PROFILE, [lock()], "t"), "f", lf.allowed_urls(mirrored))
+
+
+def test_pip_s_default_index_allows_where_it_serves_its_files():
+    from pip._internal.models.index import PyPI
+
+    default = copy.deepcopy(PROFILE)
+    default["wheels"]["indexes"].append({"name": "default", "url": PyPI.simple_url, "is_default": True})
+    assert f"https://{PyPI.file_storage_domain}/" in lf.allowed_urls(default)
+    assert lf.url_allowed(
+        f"https://{PyPI.file_storage_domain}/packages/aa/bb/six-1.17.0-py3-none-any.whl", lf.allowed_urls(default)
+    )
+    assert not lf.url_allowed(f"https://{PyPI.file_storage_domain}/x.whl", allowed())
+
+
+def wheel_file(folder, filename, name, version):
+    path = folder / filename
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(
+            f"{name.replace('-', '_')}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n"
+        )
+    return path
+
+
+def test_a_wheel_held_with_its_locked_sha256_whose_metadata_says_otherwise_is_refused(tmp_path):
+    entry = lf.make_document(PROFILE, [lock()], "t")["entries"][0]
+    six = next(p for p in entry["packages"] if p["name"] == "six")
+    kernel = next(p for p in entry["packages"] if p["name"] == "lab-sgl-kernel")
+    good = wheel_file(tmp_path, six["filename"], "six", "1.17.0")
+    bad = wheel_file(tmp_path, kernel["filename"], "lab-sgl-kernel", "0.3.20+cu130")
+    for package, path in ((six, good), (kernel, bad)):
+        package["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    record = HashRecord(str(tmp_path))
+    record.sha256(six["filename"])
+    assert lf.metadata_problems([entry], str(tmp_path)) == []  # the kernel is not recorded as held: not judged
+    record.sha256(kernel["filename"])
+    record.save()
+    with pytest.raises(lf.LockFileError) as refused:
+        lf.check_metadata([entry], str(tmp_path), "f.yml")
+    assert (
+        f"entry x86_64-manylinux_2_36 Python 3.11, package lab-sgl-kernel: {kernel['filename']} holds METADATA"
+        " Version 0.3.20+cu130, not 0.3.21+cu130" in str(refused.value)
+    )
+    bad.write_bytes(b"not a zip")
+    kernel["sha256"] = hashlib.sha256(b"not a zip").hexdigest()
+    record = HashRecord(str(tmp_path))
+    record.sha256(kernel["filename"])
+    record.save()
+    assert "is not a readable wheel" in lf.metadata_problems([entry], str(tmp_path))[0]
+
+
+def test_a_wheel_refused_from_the_wheelhouse_is_named_with_the_locked_and_the_found_sha256(tmp_path):
+    entry = lf.make_document(PROFILE, [lock()], "t")["entries"][0]
+    (tmp_path / "six-1.17.0-py3-none-any.whl").write_bytes(b"other")
+    named = lf.wheelhouse_mismatches(
+        ["six-1.17.0-py3-none-any.whl", "uv-0.13.8-py3-none-any.whl"], [entry], str(tmp_path)
+    )
+    found = hashlib.sha256(b"other").hexdigest()
+    assert named == [
+        f"six-1.17.0-py3-none-any.whl (locked sha256 {'b' * 64}, the file there has {found})",
+        f"uv-0.13.8-py3-none-any.whl (locked sha256 {'c' * 64}, no such file there)",
+    ]
