@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-GIB = 1 << 30
+# The venv's estimate is shared with module venv_build, which names it when a build runs out of space.
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._disk import GIB, venv_need
 
 
 def parse_du(lines) -> dict:
@@ -40,32 +41,6 @@ def parse_df(lines, host: str) -> list:
     if len(mounts) != 2:
         raise ValueError(f"{host}: df printed {len(mounts)} mount line(s) for the toolkit root and the serving root")
     return mounts
-
-
-def lock_installed_bytes(lock) -> tuple:
-    """(bytes, wheels) the lock's venv takes installed, or (None, missing) when a wheel of it has no installed_size
-    (the controller did not have it at hand)."""
-    entries = list((lock or {}).get("packages") or []) + list((lock or {}).get("tools") or [])
-    if not entries:
-        return None, 0
-    sizes = [e.get("installed_size") for e in entries]
-    missing = sum(1 for s in sizes if not isinstance(s, int))
-    if missing:
-        return None, missing
-    return sum(sizes), len(entries)
-
-
-def venv_need(lock, current_bytes: int, set_bytes: int, factor: float) -> tuple:
-    """(bytes needed for the new venv, how they were sized)."""
-    if set_bytes > 0:
-        return set_bytes, "as preflight_venv_free_bytes sets"
-    installed, count = lock_installed_bytes(lock)
-    if installed is not None:
-        return int(installed * factor), (
-            f"from the lock {lock.get('venv_name', '')}: {count} wheels, {installed} bytes installed, times {factor}"
-        )
-    why = f"{count} wheel(s) of the lock without an installed size" if count else "no lock yet"
-    return int(current_bytes * factor), f"from the current venv ({current_bytes} bytes, times {factor}; {why})"
 
 
 def disk_gate(

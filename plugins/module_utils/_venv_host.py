@@ -26,8 +26,10 @@ streams; a wrong file is refused and never installed), write the lock's requirem
 the tools venv when it differs, remove an unverified venv of this lock (a failed build's leftovers), create the
 venv with the host's Python and ``uv pip sync --require-hashes --no-index`` through the build's own cache
 (``sync_venv``), run the verifier inside the new venv, and mark the venv verified. With "check", it reports the
-steps it would run and changes nothing. The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error",
-"verify", "not_judged", "seconds"}; "not_judged" names the imports the verifier could not judge on this host
+steps it would run and changes nothing. A build that fails removes the venv it began ("removed"), and one that ran
+out of space says where ("no_space": the mount, its free bytes after that, the path that could not be written).
+The answer: {"ok", "changed", "steps", "fetched", "failed_step", "error", "verify", "not_judged", "seconds",
+"removed", "no_space"}; "not_judged" names the imports the verifier could not judge on this host
 (they need the NVIDIA driver, and the host serves without a GPU); "seconds" gives the wall time of each step run
 (the fetch, the sync, the verifier ...), which the summary and bench/ read.
 """
@@ -59,14 +61,18 @@ LIST_PACKAGES = (
 # uv checks every hash again when it installs.
 HASHES = ".gpufleet-sha256.json"
 MARK = ".gpufleet-verified"
+# A full disk as uv (os error 28), pip and Python (Errno 28) say it.
+NO_SPACE = re.compile(r"No space left on device|\(os error 28\)|\[Errno 28\]")
+# The first line of what a tool says went wrong: uv's "error:" (or its "\u00d7" report), pip's "ERROR:".
+ERROR_LINE = re.compile("(error|ERROR)\\b|\u00d7")
 
 
 class StepError(Exception):
-    """A step that failed: its name, what was seen, and the tool's output."""
+    """A step that failed: its name, what was seen, the tool's output, and the path it was writing when known."""
 
-    def __init__(self, step, error, output=""):
+    def __init__(self, step, error, output="", path=None):
         super().__init__(error)
-        self.step, self.error, self.output = step, error, output
+        self.step, self.error, self.output, self.path = step, error, output, path
 
 
 def run(argv, timeout=120):
@@ -196,7 +202,7 @@ def fetch(url, dest, sha256, timeout, size, open_url):
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except OSError as exc:
-        raise StepError("fetch", f"{url}: {exc}") from exc
+        raise StepError("fetch", f"{url}: {exc}", path=tmp) from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -334,8 +340,19 @@ def command(step, argv, timeout=1800):
         raise StepError(step, f"{shown} ... did not finish within {timeout} s", out.strip()) from None
     if proc.returncode != 0:
         shown = " ".join(argv[:4])
-        raise StepError(step, f"{shown} ... exited {proc.returncode}", (proc.stdout + proc.stderr).strip())
+        output = (proc.stdout + proc.stderr).strip()
+        raise StepError(step, f"{shown} ... exited {proc.returncode}: {cause(output)}", output)
     return proc
+
+
+def cause(output, limit=600):
+    """What a tool said went wrong, on one line, without the progress it printed before: from its first error line
+    (``ERROR_LINE``: uv's, with its ``cause:`` lines, pip's) to the end, else its last three lines (a
+    traceback ends with the exception)."""
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+    first = next((n for n, line in enumerate(lines) if ERROR_LINE.match(line)), max(len(lines) - 3, 0))
+    text = " ".join(lines[first:])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def tools_uv_version(tools_root):
@@ -425,9 +442,50 @@ def build(spec, open_url):
         lap("mark")
     except StepError as exc:
         answer.update(ok=False, failed_step=exc.step, error=exc.error, output=exc.output[-4000:])
+        after_failure(spec, answer, exc.path)
     except OSError as exc:
         answer.update(ok=False, failed_step="build", error=f"{type(exc).__name__}: {exc}")
+        after_failure(spec, answer, exc.filename)
     return answer
+
+
+def after_failure(spec, answer, path=None):
+    """Remove the venv the failed build began, then, when the disk was full, say where (``no_space``)."""
+    removed = remove_partial(spec)
+    if removed:
+        answer["removed"] = removed
+    full = full_disk(spec, answer["failed_step"], f"{answer['error']}\n{answer.get('output', '')}", path)
+    if full:
+        answer["no_space"] = full
+
+
+def remove_partial(spec):
+    """Remove the venv a failed build left at the new venv's path (never the one current points at, nor a verified
+    one), so that a full disk gets its space back in the same run; its path, or None."""
+    venv, current = spec["venv"], spec.get("current")
+    if not os.path.isdir(venv) or os.path.islink(venv) or os.path.exists(os.path.join(venv, MARK)):
+        return None
+    if current and os.path.realpath(venv) == os.path.realpath(current):
+        return None
+    shutil.rmtree(venv, ignore_errors=True)
+    return None if os.path.lexists(venv) else venv
+
+
+def full_disk(spec, step, text, path=None):
+    """{mount, free_bytes, seen} of a failure that was a full disk, else None: ``seen`` is the path that could not be
+    written (from the error, or the path the tool named), else the folder the step writes."""
+    if not NO_SPACE.search(text or ""):
+        return None
+    # uv: "failed to write to file `PATH`: No space left on device"; Python: "No space left on device: 'PATH'".
+    named = re.search(r"[`'\"](/[^`'\"]+)[`'\"]: No space left|No space left on device: [`'\"](/[^`'\"]+)", text)
+    folders = {"fetch": spec["wheelhouse"], "tools": spec["tools_root"]}
+    seen = path or (named and (named.group(1) or named.group(2))) or folders.get(step, os.path.dirname(spec["venv"]))
+    mount = os.path.abspath(seen)
+    while not os.path.exists(mount):
+        mount = os.path.dirname(mount)
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return {"mount": mount, "free_bytes": free_bytes(mount), "seen": seen}
 
 
 def build_cache(spec):

@@ -18,6 +18,9 @@ description:
     the lock with C(uv pip sync --require-hashes --no-index) through the build's own cache, runs the verifier inside
     the new venv (imports, the CUDA torch was built for, local tags, same-version groups, C(uv pip check)) and marks
     the venv verified.
+  - A build that fails removes the venv it began (never the one C(current) points at), so that nothing half built
+    stays on the host; one that ran out of space says where, how much the new venv needs (the estimate of role
+    C(preflight)'s disk gate, from the lock's installed sizes) and how much is free, and the fix.
   - Never touches the C(current) link or the venv it points at; the switch is a later step of the role.
   - The role calls it only when the lock's venv is not built and verified yet; a verified venv is never rebuilt
     unless the role asks for a repair.
@@ -109,6 +112,15 @@ options:
       C(same_version), C(gpu_required), C(overrides)).
     type: dict
     required: true
+  host:
+    description: The host's name in messages (the inventory's); empty - the host's own name.
+    type: str
+    default: ""
+  space_factor:
+    description: The margin the need of a full disk is given with, times the lock's installed size (as role
+      C(preflight)'s C(preflight_space_factor)).
+    type: float
+    default: 1.5
 notes:
   - The role's inspect and locate steps run the same host code (C(plugins/module_utils/_venv_host.py)) as a script
     through C(ansible.builtin.raw), which costs a host no module wrapper.
@@ -156,9 +168,23 @@ failed_step:
   type: str
   returned: failure
 error:
-  description: What the failed step saw (a truncated download names the bytes received against the expected size).
+  description: What the failed step saw (a truncated download names the bytes received against the expected size; a
+    tool that failed, its error lines; a full disk, C(no space left on <mount> on <host>: need N GiB, free M GiB)).
   type: str
   returned: failure
+fix:
+  description: What to do about it, ending the failure's RV(msg).
+  type: str
+  returned: failure
+removed:
+  description: The venv the failed build began and removed.
+  type: str
+  returned: failure, when a venv was begun
+no_space:
+  description: Where a build that ran out of space could not write (C(seen)), the mount holding it (C(mount)) and
+    its free bytes after the partial venv was removed (C(free_bytes)).
+  type: dict
+  returned: failure, when the disk was full
 output:
   description: The last 4,000 characters of the failed tool's output.
   type: str
@@ -179,11 +205,12 @@ seconds:
 """
 
 import os
+import platform
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _venv_host
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _disk, _venv_host
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "required": True},
@@ -205,7 +232,15 @@ ARGUMENT_SPEC = {
     "mark": {"type": "str", "required": True},
     "verifier": {"type": "str", "required": True},
     "verify": {"type": "dict", "required": True},
+    "host": {"type": "str", "default": ""},
+    "space_factor": {"type": "float", "default": 1.5},
 }
+# A full disk's fix names the variable that moves the folder it happened in (the deepest folder that holds it).
+MOVED_BY = (
+    ("wheelhouse", "venv_rebuild_wheelhouse"),
+    ("tools_root", "gpufleet_tools_root"),
+    ("serving_root", "gpufleet_serving_root"),
+)
 
 
 def venv_state(venv):
@@ -237,12 +272,25 @@ def main():
     if not answer.get("ok"):
         # A build that failed had written its folders, lock file or partial venv: never "nothing changed".
         result["changed"] = not module.check_mode
-        result["msg"] = (
-            f"the new venv {spec['venv']} failed at step {answer.get('failed_step', 'build')}: "
-            f"{answer.get('error', 'no answer')}; the venv current points at was not touched"
-        )
+        result.update(failure(spec, answer))
         module.fail_json(**result)
     module.exit_json(**result)
+
+
+def failure(spec, answer):
+    """{error, fix, msg} of a failed build: the cause first, then what was left, then the fix."""
+    error, fix = answer.get("error", "no answer"), "check the profile, the indexes or the fleet cache"
+    if answer.get("no_space"):
+        lock = {"packages": spec["wheels"], "venv_name": os.path.basename(spec["venv"])}
+        moved_by = sorted(((spec[option], name) for option, name in MOVED_BY), key=lambda pair: -len(pair[0]))
+        host = spec["host"] or platform.node()
+        error, fix = _disk.no_space(host, answer["no_space"], lock, spec["current"], spec["space_factor"], moved_by)
+    removed = "the partial venv was removed, " if answer.get("removed") else ""
+    msg = (
+        f"the new venv {spec['venv']} failed at step {answer.get('failed_step', 'build')}: {error}; {removed}"
+        f"current was not switched, the old venv keeps serving; fix: {fix}, then run again"
+    )
+    return {"error": error, "fix": fix, "msg": msg}
 
 
 if __name__ == "__main__":
