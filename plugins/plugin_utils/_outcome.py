@@ -40,7 +40,9 @@ FAILURE_ACTIONS = {
 }
 # Phase order in reports (the summary prints phases in this order).
 REPORT_ORDER = (*_state.PHASES, "rollback")
-REASON_LIMIT = 400
+# A reason this collection writes (host, cause, what was left, fix; a full disk's names two paths and the host twice)
+# fits whole; only a tool's long output is cut.
+REASON_LIMIT = 700
 
 
 @dataclass(frozen=True)
