@@ -11,12 +11,20 @@ starts:
 - a companion built against another release of the package it extends: torchvision, torchaudio, torchcodec and
   the kernel wheels (sgl-kernel, sglang-kernel, flashinfer-jit-cache) each load C++ code built against one torch;
   on another one they fail at import or at their first operator. Pairs come from the profile
-  (``wheels.rules.companions``) and from the companion's own METADATA (an exact ``Requires-Dist: torch==X``).
+  (``wheels.rules.companions``) and from the companion's own METADATA: every ``Requires-Dist`` on torch is held
+  against the locked torch (``torch>=2.14.0`` refuses torch 2.11.0 as ``torch==2.11.0`` refuses 2.9.1); an
+  override only changed what uv resolved, never the wheel's METADATA, so it cannot hide such a requirement.
 - packages built for different CUDA majors: a cu128 companion beside a cu130 torch, ``nvidia-*-cu12`` libraries
   beside the CUDA 13 ones. Every package built for a CUDA release must be built for the profile's
   ``cuda.version`` major, unless ``wheels.rules.cuda_exceptions`` allows it with a reason. A package whose name and
   version say nothing of CUDA (sglang-kernel 0.4.10) is judged, where its wheel is on the controller, by the CUDA
-  libraries its shared objects link (``_elf``: ``libcudart.so.13`` is CUDA 13's).
+  libraries its shared objects link (``_elf``: ``libcudart.so.13`` is CUDA 13's). A wheel that carries one build per
+  CUDA major and chooses at import (``_elf.runtime_builds``) passes where it has a build for the profile's major.
+
+What the rules could not judge is listed, never passed over in silence: a compiled wheel not yet on the controller
+(a plan in check mode or without the fetch does not download it; the plan that fetches reads it then), and a
+compiled wheel that links torch's libraries while neither its METADATA nor the profile says which torch it pairs
+with (``unjudged``).
 
 The dependency graph (who requires whom) comes from uv's own annotations of the same resolution
 (``parse_uv_graph``), so a refusal names the package and the chain that brought it in.
@@ -28,7 +36,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._elf import HAS_ELFTOOLS, ElfReadError, wheel_cuda
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._elf import HAS_ELFTOOLS, ElfReadError, wheel_links
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import HAS_PACKAGING, PlanError
 
 if HAS_PACKAGING:  # else the action plugin reports _wheels' import error before it plans anything
@@ -223,31 +231,63 @@ def unread_cuda(entries: list, table: dict, files: dict) -> list:
     return [] if HAS_ELFTOOLS else [f"{e['name']} {e['version']}" for e in _elf_wanted(entries, table, files)]
 
 
-def linked_cuda(entries: list, table: dict, files: dict) -> None:
+def not_on_controller(entries: list, table: dict, files: dict) -> list:
+    """The compiled wheels whose CUDA only their shared objects could tell, not in the controller's wheelhouse (so
+    not read): ``name version`` each."""
+    wanted = {e["name"] for e in _elf_wanted(entries, table, {e["name"]: "" for e in entries})}
+    return [
+        f"{e['name']} {e['version']}"
+        for e in entries
+        if e["name"] in wanted and e["name"] not in files and is_platform_wheel(e["filename"])
+    ]
+
+
+def linked_cuda(entries: list, table: dict, files: dict) -> dict:
     """Add to ``table`` the packages whose CUDA only their shared objects tell (the CUDA libraries their DT_NEEDED
-    entries name), for the wheels in ``files``."""
+    entries name), for the wheels in ``files``. Returns {package: torch library it links} for the wheels read
+    that link torch's libraries (``_elf.torch_linked``)."""
     if not HAS_ELFTOOLS:
-        return
+        return {}
+    torch_links = {}
     for entry in _elf_wanted(entries, table, files):
         try:
-            found = wheel_cuda(files[entry["name"]])
+            found = wheel_links(files[entry["name"]])
         except ElfReadError as exc:
             raise LockRefused(f"{exc}: its CUDA cannot be judged. Fix: delete the file and plan again") from exc
-        if found:
-            table[entry["name"]] = {"version": entry["version"], "cuda": found[0], "from": f"from {found[1]}"}
+        if found["torch"]:
+            torch_links[entry["name"]] = found["torch"]
+        if found["cuda"] is None:
+            continue
+        row = {"version": entry["version"], "cuda": found["cuda"], "from": f"from {found['evidence']}"}
+        if found["builds"]:
+            builds = found["builds"]
+            row["builds"] = {str(m): members for m, members in builds["by_major"].items()}
+            row["from"] = (
+                f"a build per CUDA major, chosen at import by its own code ({builds['chooser']}); "
+                + "; ".join(f"CUDA {m}: {', '.join(ms)}" for m, ms in builds["by_major"].items())
+            )
+            if builds["untagged"]:
+                row["from"] += "; untagged copies: " + ", ".join(
+                    f"{m} (CUDA {major})" for m, major in sorted(builds["untagged"].items())
+                )
+        table[entry["name"]] = row
+    return torch_links
 
 
-def cuda_table(entries: list, graph: dict, files: dict | None = None) -> dict:
+def cuda_table(entries: list, graph: dict, files: dict | None = None, torch_links: dict | None = None) -> dict:
     """{package: {"version", "cuda" (major), "from"}} for every package of the lock built for a CUDA release.
     ``files`` ({package: wheel path}, see wheel_files) lets the packages that carry no CUDA in their name or
-    version be judged by their shared objects (linked_cuda)."""
+    version be judged by their shared objects (linked_cuda); ``torch_links`` (a dict) receives what linked_cuda
+    found of torch's libraries."""
     versions = {e["name"]: e["version"] for e in entries}
     table = {}
     for entry in entries:
         found = own_cuda(entry["name"], entry["version"])
         if found:
             table[entry["name"]] = {"version": entry["version"], "cuda": found[0], "from": found[1]}
-    linked_cuda(entries, table, files or {})
+    links = linked_cuda(entries, table, files or {})
+    if torch_links is not None:
+        torch_links.update(links)
     needs = requirements_of(graph)
     for entry in entries:
         if entry["name"] in table or entry["name"] not in BUILT_FOR_REQUIRED_CUDA:
@@ -280,11 +320,17 @@ def judge_cuda(table: dict, cuda_version: str, exceptions: dict, graph: dict, ve
         row = table[name]
         if row["cuda"] == want:
             continue
-        if row["cuda"] is None:
+        if row.get("builds"):
+            if str(want) in row["builds"]:
+                continue  # carries a build for the profile's CUDA and loads it there (report_lines shows which)
+            seen = (
+                f"{name} {row['version']} carries builds for CUDA {_majors_words(row['cuda'])} only ({row['from']}),"
+                f" none for CUDA {want}"
+            )
+        elif row["cuda"] is None:
             seen = f"{name} {row['version']} is built for no CUDA ({row['from']})"
         else:
-            built = row["cuda"] if isinstance(row["cuda"], int) else " and ".join(str(m) for m in row["cuda"])
-            seen = f"{name} {row['version']} is built for CUDA {built} ({row['from']})"
+            seen = f"{name} {row['version']} is built for CUDA {_majors_words(row['cuda'])} ({row['from']})"
         if name in exceptions:
             allowed.append(f"{seen}: allowed by wheels.rules.cuda_exceptions: {exceptions[name]}")
             continue
@@ -297,6 +343,11 @@ def judge_cuda(table: dict, cuda_version: str, exceptions: dict, graph: dict, ve
             f" it with wheels.rules.cuda_exceptions: [{{package: {name}, reason: ...}}]"
         )
     return problems, allowed
+
+
+def _majors_words(cuda) -> str:
+    """13 -> "13"; [12, 13] -> "12 and 13"."""
+    return str(cuda) if isinstance(cuda, int) else " and ".join(str(m) for m in cuda)
 
 
 # --- companions -------------------------------------------------------------------------------------------
@@ -328,18 +379,23 @@ def metadata_wanted(entries: list, companions: dict, graph: dict) -> list:
     return sorted(out)
 
 
-def _exact_pins(requires: list, target: str) -> list:
-    """The exact pins (== or ===) of a package's Requires-Dist on ``target``, as Requirement objects."""
-    pins = []
+def _requirements_on(requires: list, target: str) -> list:
+    """Every Requires-Dist of a package on ``target`` that bounds its version (``torch==2.11.0``, ``torch>=2.14.0``),
+    as Requirement objects; a bare ``torch`` says nothing of which torch."""
+    out = []
     for req in requires:
         if not isinstance(req, Requirement):
             try:
                 req = Requirement(str(req))
             except InvalidRequirement:
                 continue
-        if canonicalize_name(req.name) == target and any(s.operator in ("==", "===") for s in req.specifier):
-            pins.append(req)
-    return pins
+        if canonicalize_name(req.name) == target and len(req.specifier):
+            out.append(req)
+    return out
+
+
+def _is_pin(req) -> bool:
+    return any(s.operator in ("==", "===") for s in req.specifier)
 
 
 def _release(version: str) -> tuple:
@@ -355,12 +411,13 @@ def _table_pair(comp: Companion, with_version: str) -> tuple | None:
 
 
 def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
-    """(pairs, problems). ``requires``: {package: its Requires-Dist that apply on the target} for the packages of
-    metadata_wanted. A pair holds when the profile's table (if it has a row for the release of ``with``) and the
-    package's exact METADATA pin (if it has one) both agree with the lock; a profile companion that neither the table
-    nor its METADATA pairs with the locked release is refused too."""
+    """(pairs, problems, unjudged). ``requires``: {package: its Requires-Dist that apply on the target} for the
+    packages of metadata_wanted. Every requirement of a package's METADATA on the package it is built against is held
+    against the lock (a pin or a bound: ``torch>=2.14.0`` refuses torch 2.11.0), and so is the profile's table where
+    it has a row for the locked release. A pair is judged by a pin or a table row; a profile companion that neither
+    pairs with the locked release is refused, any other package that only a bound admits is listed as unjudged."""
     versions = {e["name"]: e["version"] for e in entries}
-    pairs, problems = [], []
+    pairs, problems, unjudged = [], [], []
     for name in sorted(set(requires) | (set(companions) & set(versions))):
         if name not in versions:
             continue
@@ -371,41 +428,72 @@ def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
         for target in targets:
             if target not in versions:
                 continue
-            have, with_have = versions[name], versions[target]
-            checks = []  # (source, ok, what it pairs)
-            pins = _exact_pins(requires.get(name, []), target)
-            for req in pins:
-                checks.append(("its METADATA", req.specifier.contains(with_have, prereleases=True), str(req)))
-            if name in companions and comp.versions:
-                row = _table_pair(comp, with_have)
-                if row:
-                    ok = _release(have)[: len(_release(row[1]))] == _release(row[1])
-                    checks.append(("the profile", ok, f"{target} {row[0]} <-> {name} {row[1]}"))
-            if not checks:
-                if name in companions:
-                    known = ", ".join(f"{target} {k} <-> {name} {v}" for k, v in comp.versions.items()) or "no rows"
-                    problems.append(
-                        f"{name} {have} beside {target} {with_have}: neither the profile's companions rule ({known})"
-                        f" nor {name}'s METADATA says which {name} pairs with {target} {with_have}. Fix: add the"
-                        f" {name} release built for {target} {'.'.join(map(str, _release(with_have)[:2]))} to"
-                        f" wheels.rules.companions ({name}) versions"
-                    )
-                continue
-            bad = [c for c in checks if not c[1]]
-            by = "; ".join(f"{src}: {what}" for src, _ok, what in checks)
-            pairs.append(
-                {"package": name, "version": have, "with": target, "with_version": with_have, "by": by, "ok": not bad}
+            checks = _pair_checks(name, versions[name], target, versions[target], comp, requires.get(name, []))
+            verdict = _pair_verdict(name, versions[name], target, versions[target], comp, checks, name in companions)
+            if verdict["pair"]:
+                pairs.append(verdict["pair"])
+            if verdict["problem"]:
+                problems.append(verdict["problem"])
+            if verdict["unjudged"]:
+                unjudged.append(verdict["unjudged"])
+    return pairs, problems, unjudged
+
+
+def _pair_checks(name, have, target, with_have, comp, requires) -> list:
+    """(source, holds, what it says, pairs: a pin or a table row, not a bound) for every statement on the pair."""
+    checks = []
+    for req in _requirements_on(requires, target):
+        checks.append(("its METADATA", req.specifier.contains(with_have, prereleases=True), str(req), _is_pin(req)))
+    if comp.versions:
+        row = _table_pair(comp, with_have)
+        if row:
+            ok = _release(have)[: len(_release(row[1]))] == _release(row[1])
+            checks.append(("the profile", ok, f"{target} {row[0]} <-> {name} {row[1]}", True))
+    return checks
+
+
+def _pair_verdict(name, have, target, with_have, comp, checks, in_profile) -> dict:
+    """{"pair", "problem", "unjudged"} (each None or its value) for one package and the package it is built for;
+    ``in_profile``: the profile names it among its companions, so the pair must be proven."""
+    out = {"pair": None, "problem": None, "unjudged": None}
+    release = ".".join(map(str, _release(with_have)[:2]))
+    bad = [c for c in checks if not c[1]]
+    if bad:
+        wants = "; ".join(f"{src} {'pairs' if pin else 'requires'} {what}" for src, _ok, what, pin in bad)
+        out["problem"] = (
+            f"{name} {have} does not pair with {target} {with_have} ({wants})"
+            + (f" [{comp.reason}]" if comp.reason else "")
+            + f". Fix: choose the {name} built for {target} {with_have} (pin it in wheels.packages or"
+            f" wheels.overrides, e.g. an override with the {name} release that pairs), or a {target} that"
+            f" {name} {have} was built against"
+        )
+    elif not any(pin for *_rest, pin in checks):
+        bounds = ", ".join(what for _src, _ok, what, _pin in checks)
+        if in_profile:
+            known = ", ".join(f"{target} {k} <-> {name} {v}" for k, v in comp.versions.items()) or "no rows"
+            said = f"{name}'s METADATA only bounds it ({bounds})" if bounds else f"{name}'s METADATA"
+            out["problem"] = (
+                f"{name} {have} beside {target} {with_have}: neither the profile's companions rule ({known})"
+                f" nor {said} says which {name} pairs with {target} {with_have}. Fix: add the {name} release"
+                f" built for {target} {release} to wheels.rules.companions ({name}) versions"
             )
-            if bad:
-                wants = "; ".join(f"{src} pairs {what}" for src, _ok, what in bad)
-                problems.append(
-                    f"{name} {have} does not pair with {target} {with_have} ({wants})"
-                    + (f" [{comp.reason}]" if comp.reason else "")
-                    + f". Fix: choose the {name} built for {target} {with_have} (pin it in wheels.packages or"
-                    f" wheels.overrides, e.g. an override with the {name} release that pairs), or a {target} that"
-                    f" {name} {have} was built against"
-                )
-    return pairs, problems
+        elif bounds:
+            out["unjudged"] = (
+                f"{name} {have} beside {target} {with_have}: its METADATA admits it ({bounds}) but pins no"
+                f" {target} release, and wheels.rules.companions has no row for {name}: which {target} it was"
+                f" built against is not judged (add a companions row to judge it)"
+            )
+    if checks:
+        by = "; ".join(f"{src}: {what}" for src, _ok, what, _pin in checks)
+        out["pair"] = {
+            "package": name,
+            "version": have,
+            "with": target,
+            "with_version": with_have,
+            "by": by,
+            "ok": out["problem"] is None,
+        }
+    return out
 
 
 # --- the verdict ------------------------------------------------------------------------------------------
@@ -414,17 +502,20 @@ def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
 def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelhouse: str | None = None) -> dict:
     """Judge a finished lock against the profile's rules. Returns the report part (``cuda``: per package the CUDA
     it is built for; ``cuda_allowed``; ``cuda_unread``: compiled wheels in ``wheelhouse`` whose shared objects could
-    not be read; ``companions``: the pairs checked); raises LockRefused naming every broken rule, so a bad lock is
-    never written. ``wheelhouse``: the controller's folder of the lock's wheels, where there are any yet."""
+    not be read; ``cuda_not_fetched``: compiled wheels whose CUDA only their shared objects tell, not in
+    ``wheelhouse``; ``companions``: the pairs checked; ``unjudged``: pairs no rule could judge); raises LockRefused
+    naming every broken rule, so a bad lock is never written. ``wheelhouse``: the controller's folder of the lock's
+    wheels, where there are any yet."""
     rules = profile["wheels"].get("rules") or {}
     companions = companions_from_profile(rules)
     versions = {e["name"]: e["version"] for e in entries}
     files = wheel_files(entries, wheelhouse)
-    table = cuda_table(entries, graph, files)
+    torch_links = {}
+    table = cuda_table(entries, graph, files, torch_links)
     cuda_problems, allowed = judge_cuda(
         table, profile["cuda"]["version"], exceptions_from_profile(rules), graph, versions
     )
-    pairs, pair_problems = judge_companions(entries, companions, requires)
+    pairs, pair_problems, unjudged = judge_companions(entries, companions, requires)
     problems = pair_problems + cuda_problems
     if problems:
         raise LockRefused(
@@ -434,14 +525,31 @@ def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelh
         "cuda": table,
         "cuda_allowed": allowed,
         "cuda_unread": unread_cuda(entries, table, files),
+        "cuda_not_fetched": not_on_controller(entries, table, files),
         "companions": pairs,
+        "unjudged": sorted(set(unjudged) | set(torch_unjudged(torch_links, pairs, versions))),
     }
+
+
+def torch_unjudged(torch_links: dict, pairs: list, versions: dict) -> list:
+    """A line for each wheel that links torch's libraries (built against one torch release) whose pairing with the
+    locked torch no rule judged: its METADATA pins no torch and the profile has no companions row for it."""
+    judged = {p["package"] for p in pairs}
+    torch = versions.get(DEFAULT_WITH)
+    return [
+        f"{name} {versions[name]} links torch's libraries ({where}) but neither its METADATA nor"
+        f" wheels.rules.companions says which torch it was built against: its pairing with torch {torch} is not judged"
+        f" (add a companions row for {name} to judge it)"
+        for name, where in sorted(torch_links.items())
+        if name not in judged and name in versions and torch
+    ]
 
 
 def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict | None = None, judged=()) -> dict:
     """The one-CUDA-major rule for the wheels whose CUDA only their shared objects tell, once the wheelhouse holds
     the whole lock (a dependency's wheel is fetched after the lock is made, so judge_lock could not read it).
-    Returns the report part as judge_lock does (``cuda`` holds those packages only); raises LockRefused."""
+    Returns the report part as judge_lock does (``cuda`` holds those packages only; ``torch_links``: {package: the
+    torch library it links} for the wheels read); raises LockRefused."""
     versions = {e["name"]: e["version"] for e in entries}
     table = {}
     for entry in entries:
@@ -450,7 +558,7 @@ def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict
         if found or entry["name"] in BUILT_FOR_REQUIRED_CUDA or entry["name"] in judged:
             table[entry["name"]] = None  # judged by judge_lock from its name, version or requirements
     files = wheel_files(entries, wheelhouse)
-    linked_cuda(entries, table, files)
+    torch_links = linked_cuda(entries, table, files)
     linked = {name: row for name, row in table.items() if row is not None}
     rules = profile["wheels"].get("rules") or {}
     problems, allowed = judge_cuda(
@@ -461,28 +569,81 @@ def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict
             f"the lock for profile {profile['name']!r} was refused after its wheels were fetched: "
             + " | ".join(problems)
         )
-    return {"cuda": linked, "cuda_allowed": allowed, "cuda_unread": unread_cuda(entries, table, files)}
+    return {
+        "cuda": linked,
+        "cuda_allowed": allowed,
+        "cuda_unread": unread_cuda(entries, table, files),
+        "cuda_not_fetched": not_on_controller(entries, table, files),
+        "torch_links": torch_links,
+    }
+
+
+def judge_after_fetch(entries: list, profile: dict, wheelhouse: str, rules: dict) -> None:
+    """judge_linked_cuda once the fetch filled the wheelhouse, its findings merged into ``rules`` (the lock's
+    ``lock_rules``, as judge_lock made it): the CUDA rows, and what is still not judged replaces what was not judged
+    before the fetch. Raises LockRefused."""
+    linked = judge_linked_cuda(
+        entries, profile, wheelhouse, rules.get("required_by"), judged=set(rules.get("cuda") or {})
+    )
+    versions = {e["name"]: e["version"] for e in entries}
+    rules["cuda"] = {**(rules.get("cuda") or {}), **linked["cuda"]}
+    rules["cuda_allowed"] = sorted(set(rules.get("cuda_allowed") or []) | set(linked["cuda_allowed"]))
+    rules["cuda_unread"] = sorted(set(rules.get("cuda_unread") or []) | set(linked["cuda_unread"]))
+    rules["cuda_not_fetched"] = linked["cuda_not_fetched"]
+    later = torch_unjudged(linked["torch_links"], rules.get("companions") or [], versions)
+    rules["unjudged"] = sorted(set(rules.get("unjudged") or []) | set(later))
+
+
+def _builds_line(name: str, row: dict) -> str:
+    builds = row["builds"]
+    return (
+        f"{name} {row['version']} carries a build for each of CUDA {', '.join(sorted(builds, key=int))} and chooses one"
+        f" at import ({row['from']})"
+    )
+
+
+def not_judged_lines(rules_report: dict) -> list:
+    """What the lock rules could not judge, one line each (the plan report, and the console: action wheel_plan's
+    warnings)."""
+    lines = []
+    if rules_report.get("cuda_not_fetched"):
+        names = rules_report["cuda_not_fetched"]
+        lines.append(
+            f"not judged: the CUDA of {len(names)} compiled wheel(s) whose name and version do not tell it, because"
+            " their wheels are not in the controller's wheelhouse and their shared objects were not read (a plan in"
+            " check mode or without the fetch does not download them; the plan that fetches reads them and refuses"
+            f" one built for another CUDA, or a mix of CUDA majors not chosen at import): {', '.join(names)}"
+        )
+    if rules_report.get("cuda_unread"):
+        lines.append(
+            "not judged: the CUDA of "
+            + ", ".join(rules_report["cuda_unread"])
+            + " (their shared objects were not read: pyelftools is not installed on the controller; pip install"
+            " pyelftools)"
+        )
+    lines.extend(f"not judged: {line}" for line in rules_report.get("unjudged") or [])
+    return lines
 
 
 def report_lines(rules_report: dict) -> list:
-    """Lines of the plan report: the CUDA each CUDA-built package is built for, and the companion pairs."""
+    """Lines of the plan report: the CUDA each CUDA-built package is built for, the companion pairs, and what could
+    not be judged."""
     lines = []
     table = rules_report.get("cuda") or {}
     if table:
         lines.append(
             "CUDA builds: "
-            + ", ".join(f"{n} {r['version']} (CUDA {r['cuda']}, {r['from']})" for n, r in sorted(table.items()))
+            + ", ".join(
+                f"{n} {r['version']} (CUDA {_majors_words(r['cuda'])}, {r['from']})" for n, r in sorted(table.items())
+            )
         )
+    lines.extend(
+        f"CUDA builds chosen at import: {_builds_line(n, r)}" for n, r in sorted(table.items()) if r.get("builds")
+    )
     lines.extend(f"CUDA exception: {line}" for line in rules_report.get("cuda_allowed") or [])
-    if rules_report.get("cuda_unread"):
-        lines.append(
-            "CUDA not read from the shared objects of "
-            + ", ".join(rules_report["cuda_unread"])
-            + ": pyelftools is not installed on the controller (pip install pyelftools)"
-        )
     for pair in rules_report.get("companions") or []:
         lines.append(
             f"companion {pair['package']} {pair['version']} pairs with {pair['with']} {pair['with_version']}"
             f" ({pair['by']})"
         )
-    return lines
+    return lines + not_judged_lines(rules_report)

@@ -212,8 +212,8 @@ def test_without_pyelftools_the_wheels_left_unread_are_named(tmp_path, monkeypat
     report = lr.judge_lock(entries, {"nvidia-cuda-runtime": ["torch"]}, {}, profile(), wheelhouse=str(tmp_path))
     assert report["cuda_unread"] == ["sglang-kernel 0.4.10"]
     assert lr.report_lines(report)[-1] == (
-        "CUDA not read from the shared objects of sglang-kernel 0.4.10: pyelftools is not installed on the controller"
-        " (pip install pyelftools)"
+        "not judged: the CUDA of sglang-kernel 0.4.10 (their shared objects were not read: pyelftools is not"
+        " installed on the controller; pip install pyelftools)"
     )
 
 
