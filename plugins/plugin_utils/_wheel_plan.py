@@ -44,7 +44,7 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import (
 )
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._lock_rules import (
     companions_from_profile,
-    judge_linked_cuda,
+    judge_after_fetch,
     judge_lock,
     metadata_wanted,
     parse_uv_graph,
@@ -462,14 +462,8 @@ def fetch_wheelhouse(fetcher: Fetcher, lock: dict, wheelhouse: str, profile: dic
 
 def judge_fetched(lock: dict, profile: dict, wheelhouse: str) -> None:
     """The one-CUDA-major rule over every compiled wheel of the lock, read from the wheelhouse that holds them all
-    now (``_lock_rules.judge_linked_cuda``); the rows join the lock's ``lock_rules`` report. Raises LockRefused."""
-    rules = lock.setdefault("lock_rules", {})
-    linked = judge_linked_cuda(
-        lock["packages"], profile, wheelhouse, rules.get("required_by"), judged=set(rules.get("cuda") or {})
-    )
-    rules["cuda"] = {**(rules.get("cuda") or {}), **linked["cuda"]}
-    rules["cuda_allowed"] = sorted(set(rules.get("cuda_allowed") or []) | set(linked["cuda_allowed"]))
-    rules["cuda_unread"] = sorted(set(rules.get("cuda_unread") or []) | set(linked["cuda_unread"]))
+    now (``_lock_rules.judge_after_fetch``); the rows join the lock's ``lock_rules`` report. Raises LockRefused."""
+    judge_after_fetch(lock["packages"], profile, wheelhouse, lock.setdefault("lock_rules", {}))
 
 
 def installed_size(path: str) -> int | None:
