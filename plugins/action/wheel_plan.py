@@ -19,6 +19,7 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan impor
     fetch_wheelhouse,
     find_uv,
     make_lock,
+    refusal_line,
     report_lines,
     verify_wheelhouse,
 )
@@ -88,8 +89,11 @@ class ActionModule(WheelAction):
             lock_path=lock_path,
             lock_file=made_file,
             report=[made_now, *report_lines(lock)],
-            fetch={**fetched, "requests": fetcher.requests, "bytes_in": fetcher.bytes_in},
+            fetch={**fetched, **_counts(fetcher)},
         )
+        refusals = _refusal_lines([lock])
+        if refusals:
+            result["warnings"] = refusals
         if self._task.diff:
             result["diff"] = {"before": "", "after": "\n".join(report_lines(lock)) + "\n", "after_header": lock_path}
             if not changed:
@@ -149,8 +153,12 @@ class ActionModule(WheelAction):
             doc = previous
         text = lf.dumps(doc)
         report = lf.report_path(path)
+        # An index that refused a package another one served is part of what the operator reviews: first in the
+        # diff, whether or not the lock changed (a site mirror that always refused changes nothing in the lock).
+        refusals = _refusal_lines(locks)
+        diff_lines = refusals + lf.diff_lines(change)
         report_text = "\n".join(
-            ["plan diff against the previous lock file:", *lf.diff_lines(change), ""]
+            ["plan diff against the previous lock file:", *diff_lines, ""]
             + [line for lock in locks for line in (*report_lines(lock), "")]
         )
         before = ""
@@ -167,18 +175,38 @@ class ActionModule(WheelAction):
             lock_file=path,
             report_path=report,
             plan_diff=change,
-            diff_lines=lf.diff_lines(change),
+            diff_lines=diff_lines,
+            index_refusals=[r for lock in locks for r in lock.get("index_refusals") or []],
             targets=targets,
             group_lines=[
                 f"group {t['platform']} Python {t['python']}: {', '.join(t['hosts']) or 'every host'}" for t in targets
             ],
             entries=doc["entries"],
             report=report_text.splitlines(),
-            fetch={"requests": fetcher.requests, "bytes_in": fetcher.bytes_in},
+            fetch=_counts(fetcher),
         )
+        if refusals:
+            result["warnings"] = refusals
         if self._task.diff:
             result["diff"] = {"before": before, "after": text, "before_header": path, "after_header": path}
+            if refusals:
+                result["diff"] = [result["diff"], {"prepared": "\n".join(refusals)}]
         return result
+
+
+def _counts(fetcher):
+    """The plan's requests to the indexes: all, those asked with validators, and those answered 304 (kept copy)."""
+    return {
+        "requests": fetcher.requests,
+        "conditional": fetcher.conditional,
+        "not_modified": fetcher.revalidated,
+        "bytes_in": fetcher.bytes_in,
+    }
+
+
+def _refusal_lines(locks):
+    """One line per index that refused a profile package, once across the targets planned."""
+    return list(dict.fromkeys(refusal_line(r) for lock in locks for r in lock.get("index_refusals") or []))
 
 
 def _now():

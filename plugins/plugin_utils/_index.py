@@ -10,12 +10,19 @@ What real indexes do that a listing must survive:
   entry (the last on a PEP 503 page; on PEP 691 the latest upload-time when every entry has one) and remembers
   every hash it listed (``Candidate.listed_hashes``); the download then locks the hash the served file has;
 - an index answers 403, not 404, for a project it does not carry (PyTorch's): the listing is empty and the index
-  is noted as not carrying it (``Fetcher.not_carried``), the plan goes on with the other indexes;
+  is noted as not carrying it (``Fetcher.not_carried``), the plan goes on with the other indexes the profile names
+  for the package, and says so (``index_refusals``); an index that does not answer at all is noted as down
+  (``Fetcher.down``, asked once per plan) and refuses every package the same way;
 - a link may carry no sha256 (PyTorch's nightly pages carry none): the file is downloaded once on the
   controller and hashed (``settle_hashes``), and that hash is locked, marked as computed by the controller. The hash
   is recorded in the controller's cache (``UrlHashRecord``) with the size, ETag and Last-Modified the index served
   the file with: a later plan (check mode too) asks for those with one HEAD request and downloads nothing while
   they are the same.
+
+Re-planning an unchanged profile asks only whether anything changed: every project page, METADATA file, wheel whose
+METADATA was read by range, and HEAD answer is kept under the controller's cache folder with the validators it was
+served with (``ValidatorCache``: ETag, Last-Modified), and asked for again with If-None-Match / If-Modified-Since;
+a 304 reuses what is kept.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import (
     HashRecord,
     UrlHashRecord,
+    _Record,
     file_sha256,
 )
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
@@ -70,34 +78,131 @@ class IndexUnreachable(PlanError):
     """An index that does not answer; the message names it, its URL and the error."""
 
 
+class IndexDown(IndexUnreachable):
+    """An index that could not be reached at all (connection refused, name not resolved, timed out): for the plan it
+    refuses every package, as an index answering 403 for every path does."""
+
+
 class HashMismatch(PlanError):
     """A file whose content does not have the sha256 its index listed."""
+
+
+CONDITIONS = {"etag": "If-None-Match", "last_modified": "If-Modified-Since"}
+
+
+class ValidatorCache(_Record):
+    """What the indexes served, kept with the validators they served it with, so a later plan asks only whether it
+    changed: ``<cache_dir>/index/validators.json`` holds per request (``kind`` and URL) the ETag and Last-Modified,
+    the final URL, the content type and, for a HEAD, the size; a body (a project page, a METADATA file, the METADATA
+    read from a wheel by range) is a file beside it named by the sha256 of the request. A response without a
+    validator is not kept: there is nothing to ask with. The record is written when the plan ends (``save``)."""
+
+    NAME = "validators.json"
+
+    def __init__(self, cache_dir: str):
+        super().__init__(os.path.join(cache_dir, "index"))
+        self._mutex = threading.Lock()
+        self.revalidated = 0  # 304 answers: kept copies used
+
+    @staticmethod
+    def _valid(entry) -> bool:
+        return isinstance(entry, dict) and bool(entry.get("etag") or entry.get("last_modified"))
+
+    @staticmethod
+    def key(kind: str, url: str) -> str:
+        return f"{kind} {url}"
+
+    def _body_path(self, key: str) -> str:
+        return os.path.join(self.folder, hashlib.sha256(key.encode()).hexdigest())
+
+    def conditions(self, key: str) -> dict:
+        """The conditional headers for a request kept before, else none."""
+        entry = self._table.get(key)
+        if not entry or (entry.get("body") and not os.path.isfile(self._body_path(key))):
+            return {}
+        return {header: entry[field] for field, header in CONDITIONS.items() if entry.get(field)}
+
+    def kept(self, key: str):
+        """``(entry, body)`` as kept for a request the index answered 304; the body None for a HEAD."""
+        entry = self._table[key]
+        body = None
+        if entry.get("body"):
+            with open(self._body_path(key), "rb") as handle:
+                body = handle.read()
+        with self._mutex:
+            self.revalidated += 1
+        return entry, body
+
+    def put(self, key: str, headers, final_url: str, body: bytes | None = None, **extra) -> None:
+        """Keep a response (its ``headers``) and its body; a response without ETag and Last-Modified is dropped."""
+        length = headers.get("Content-Length")
+        entry = {
+            "etag": headers.get("ETag"),
+            "last_modified": headers.get("Last-Modified"),
+            "content_type": headers.get("Content-Type", ""),
+            "final_url": final_url,
+            "size": int(length) if length and length.isdigit() else None,
+            "body": body is not None,
+            **extra,
+        }
+        with self._mutex:
+            if not self._valid(entry):
+                self._changed = self._changed or self._table.pop(key, None) is not None
+                return
+            if body is not None:
+                os.makedirs(self.folder, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".body-")
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(body)
+                os.replace(tmp, self._body_path(key))
+            self._table[key] = entry
+            self._changed = True
+
+    def _kept(self) -> dict:
+        return {k: e for k, e in self._table.items() if not e.get("body") or os.path.isfile(self._body_path(k))}
+
+
+class _Served:
+    """One answer, fresh or kept: headers (a mapping), body, the URL it came from, and whether it was kept."""
+
+    def __init__(self, headers, body, url, kept=False):
+        self.headers, self.body, self.url, self.kept = headers, body, url, kept
 
 
 class Fetcher:
     """HTTP access with counters, so the plan can report what crossed from the indexes."""
 
-    def __init__(self, timeout: float = 30.0, head_workers: int = HEAD_WORKERS):
+    def __init__(self, timeout: float = 30.0, head_workers: int = HEAD_WORKERS, cache: ValidatorCache | None = None):
         self.timeout = timeout
         self.head_workers = head_workers
+        self.cache = cache  # set by make_lock from the controller's cache folder when not given
         self.requests = 0
+        self.conditional = 0  # requests that carried If-None-Match or If-Modified-Since
         self.bytes_in = 0
         self.downloads = []
         self.not_carried = {}  # (index, canonical project) -> "HTTP 403"
+        self.down = {}  # index -> why it could not be reached (asked once per plan)
         self.unhashed_hosts = set()  # hosts that listed a file without a sha256 (uv hashes such files itself)
         self._lock = threading.Lock()
 
-    def _count(self, requests=0, nbytes=0):
+    @property
+    def revalidated(self) -> int:
+        """Answers 304 (Not Modified): what the cache kept was used."""
+        return self.cache.revalidated if self.cache else 0
+
+    def _count(self, requests=0, nbytes=0, conditional=0):
         with self._lock:
             self.requests += requests
             self.bytes_in += nbytes
+            self.conditional += conditional
 
     def _open(self, url: str, headers=None, method="GET"):
-        self._count(requests=1)
+        headers = headers or {}
+        self._count(requests=1, conditional=int(any(h in headers for h in CONDITIONS.values())))
         # decompress and netrc off: range reads need the raw bytes, and requests carry only the headers given here.
         return open_url(
             url,
-            headers={"User-Agent": USER_AGENT, **(headers or {})},
+            headers={"User-Agent": USER_AGENT, **headers},
             method=method,
             timeout=self.timeout,
             http_agent=USER_AGENT,
@@ -105,29 +210,53 @@ class Fetcher:
             use_netrc=False,
         )
 
+    def _served(self, kind: str, url: str, headers=None, method="GET") -> _Served:
+        """GET (or HEAD) ``url`` through the validator cache: asked with the validators of what was kept for it, a
+        304 answer gives the kept copy; a fresh answer is kept with its validators. HTTP errors are raised."""
+        key = ValidatorCache.key(kind, url)
+        conditions = self.cache.conditions(key) if self.cache else {}
+        try:
+            with self._open(url, {**(headers or {}), **conditions}, method) as resp:
+                body = resp.read() if method == "GET" else None
+                got = _Served(resp.headers, body, resp.geturl())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 304 and conditions:
+                entry, body = self.cache.kept(key)
+                fields = {"Content-Type": entry.get("content_type") or "", "ETag": entry.get("etag")}
+                fields.update({"Last-Modified": entry.get("last_modified"), "Content-Length": entry.get("size")})
+                kept_headers = {k: str(v) for k, v in fields.items() if v is not None}
+                return _Served(kept_headers, body, entry.get("final_url") or url, kept=True)
+            raise
+        if body is not None:
+            self._count(nbytes=len(body))
+        if self.cache:
+            self.cache.put(key, got.headers, got.url, body)
+        return got
+
     def listing(self, index: str, base_url: str, project: str) -> list:
         """Every wheel the index lists for a project, one entry per file name (``collapse_republished``); an empty
         list when the index does not carry it (HTTP 404, or 403 as an index on a bucket that may not be listed
-        answers), noted in ``not_carried``."""
+        answers), noted in ``not_carried``. An index that cannot be reached raises IndexDown, at once for the
+        projects after the first (``down``)."""
         url = directory_index(f"{base_url.rstrip('/')}/{canonicalize_name(project)}/")
+        if index in self.down:
+            raise IndexDown(self._down_message(index, base_url))
         try:
-            with self._open(url, {"Accept": ACCEPT}) as resp:
-                body = resp.read()
-                ctype = resp.headers.get("Content-Type", "")
-                final = resp.geturl()
+            got = self._served("page", url, {"Accept": ACCEPT})
         except urllib.error.HTTPError as exc:
             if exc.code in NOT_CARRIED:
                 with self._lock:
                     self.not_carried[(index, canonicalize_name(project))] = f"HTTP {exc.code}"
                 return []
-            raise IndexUnreachable(f"index {index!r} ({base_url}) answered HTTP {exc.code} for {url}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
             raise IndexUnreachable(
-                f"index {index!r} ({base_url}) is unreachable: {reason};"
-                " check the URL or its gpufleet_index_urls mirror"
+                f"index {index!r} ({base_url}) answered HTTP {exc.code} for {url}; fix: plan again once the index"
+                " answers, or map it to a mirror that does (gpufleet_index_urls)"
             ) from exc
-        self._count(nbytes=len(body))
+        except (urllib.error.URLError, OSError) as exc:
+            with self._lock:
+                self.down[index] = str(getattr(exc, "reason", exc))
+            raise IndexDown(self._down_message(index, base_url)) from exc
+        body, ctype, final = got.body, got.headers.get("Content-Type", ""), got.url
         if JSON_TYPE in ctype:
             cands = parse_project_json(json.loads(body), final, index)
         else:
@@ -135,6 +264,12 @@ class Fetcher:
         with self._lock:
             self.unhashed_hosts.update(urllib.parse.urlsplit(c.url).netloc for c in cands if not c.sha256)
         return collapse_republished(cands)
+
+    def _down_message(self, index: str, base_url: str) -> str:
+        return (
+            f"index {index!r} ({base_url}) is unreachable: {self.down[index]};"
+            " check the URL or its gpufleet_index_urls mirror"
+        )
 
     def date_undated(self, cands: list) -> None:
         """Give candidates without upload-time or dev date the file's Last-Modified: one HEAD request each,
@@ -149,8 +284,7 @@ class Fetcher:
 
     def _last_modified(self, cand: Candidate):
         try:
-            with self._open(cand.url, method="HEAD") as resp:
-                stamp = resp.headers.get("Last-Modified")
+            stamp = self._served("head", cand.url, method="HEAD").headers.get("Last-Modified")
         except (urllib.error.URLError, OSError):
             return None
         try:
@@ -162,25 +296,22 @@ class Fetcher:
         """What the index serves ``url`` with (one HEAD request): size (Content-Length), ETag and Last-Modified;
         an empty dict when it does not answer."""
         try:
-            with self._open(url, method="HEAD") as resp:
-                headers = resp.headers
-                length = headers.get("Content-Length")
-                return {
-                    "size": int(length) if length and length.isdigit() else None,
-                    "etag": headers.get("ETag"),
-                    "last_modified": headers.get("Last-Modified"),
-                }
+            headers = self._served("head", url, method="HEAD").headers
         except (urllib.error.URLError, OSError):
             return {}
+        length = headers.get("Content-Length")
+        return {
+            "size": int(length) if length and str(length).isdigit() else None,
+            "etag": headers.get("ETag"),
+            "last_modified": headers.get("Last-Modified"),
+        }
 
     def metadata(self, cand: Candidate) -> Metadata:
         """The wheel's METADATA: PEP 658 file when offered, else read from the zip's tail with HTTP ranges."""
         raw = None
         if cand.metadata_url:
             try:
-                with self._open(cand.metadata_url) as resp:
-                    raw = resp.read()
-                self._count(nbytes=len(raw))
+                raw = self._served("metadata", cand.metadata_url).body
             except (urllib.error.URLError, OSError):
                 raw = None
         if raw is None:
@@ -195,8 +326,25 @@ class Fetcher:
         return Metadata.from_email(raw, validate=False)
 
     def _metadata_from_wheel(self, cand: Candidate) -> bytes:
+        """The METADATA member of the wheel, read by range after a HEAD; kept with the validators of that HEAD, so a
+        later plan asks one conditional HEAD and reads nothing while the wheel is served unchanged."""
+        key = ValidatorCache.key("wheel-metadata", cand.url)
+        conditions = self.cache.conditions(key) if self.cache else {}
         try:
-            with zipfile.ZipFile(_RangeFile(self, cand.url)) as zf:
+            with self._open(cand.url, conditions, method="HEAD") as resp:
+                head, final = resp.headers, resp.geturl()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 304 and conditions:
+                return self.cache.kept(key)[1]
+            raise
+        raw = self._metadata_read(cand, head)
+        if self.cache:
+            self.cache.put(key, {k: v for k, v in head.items() if k != "Content-Length"}, final, raw)
+        return raw
+
+    def _metadata_read(self, cand: Candidate, head) -> bytes:
+        try:
+            with zipfile.ZipFile(_RangeFile(self, cand.url, head)) as zf:
                 return _read_metadata(zf, cand)
         except _NoRanges:
             with self._open(cand.url) as resp:
@@ -378,13 +526,12 @@ class _RangeFile(io.RawIOBase):
     """A seekable read-only view of a remote file through HTTP Range requests: zipfile reads only the central
     directory and the METADATA member, a few KiB of a wheel that may weigh a GiB."""
 
-    def __init__(self, fetcher: Fetcher, url: str):
+    def __init__(self, fetcher: Fetcher, url: str, head):
         super().__init__()
         self.fetcher, self.url, self.pos = fetcher, url, 0
-        with fetcher._open(url, method="HEAD") as resp:
-            if resp.headers.get("Accept-Ranges", "").lower() != "bytes":
-                raise _NoRanges()
-            self.size = int(resp.headers["Content-Length"])
+        if head.get("Accept-Ranges", "").lower() != "bytes" or not str(head.get("Content-Length", "")).isdigit():
+            raise _NoRanges()
+        self.size = int(head["Content-Length"])
 
     def seekable(self):
         return True

@@ -38,7 +38,9 @@ except ImportError:  # the action plugin checks HAS_PACKAGING and fails with a c
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import (
     Fetcher,
     HashRecord,
+    IndexDown,
     UrlHashRecord,
+    ValidatorCache,
     hash_note,
     settle_hashes,
 )
@@ -66,28 +68,122 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import (
 
 
 def probe(fetcher: Fetcher, wheels: dict, rules_by_pkg: list, target: Target) -> list:
-    """Listings of every profile package on every index it names. Builds the listing does not date are dated by
-    the file's Last-Modified (HEAD requests, concurrently), only those whose date the plan reads
-    (``_wheels.dating_needed``): a PEP 503 listing of a thousand files costs a handful of requests, not a thousand."""
+    """Listings of every profile package on every index it names, and on no other. Builds the listing does not date
+    are dated by the file's Last-Modified (HEAD requests, concurrently), only those whose date the plan reads
+    (``_wheels.dating_needed``): a PEP 503 listing of a thousand files costs a handful of requests, not a thousand.
+    An index that refuses a package (HTTP 403 or 404 for its project page, or unreachable) is passed over for the
+    next one the profile names for it (``index_refusals`` says so); a package every named index refuses fails the
+    plan, naming them and the fix."""
     urls = {i["name"]: i["url"] for i in wheels["indexes"]}
     cands = []
     for rule in rules_by_pkg:
         listed = []
         for index in rule.indexes:
-            listed.extend(fetcher.listing(index, urls[index], rule.name))
-        absent = [
-            f"{i!r} ({fetcher.not_carried[(i, rule.key)]})"
-            for i in rule.indexes
-            if (i, rule.key) in fetcher.not_carried
-        ]
-        if not listed and len(absent) == len(rule.indexes):
-            raise PlanError(
-                f"no index of {rule.name} carries it: {', '.join(absent)} answered that the project is not there"
-                " (not carried by this index); add an index that carries it to the package's indexes"
-            )
+            try:
+                listed.extend(fetcher.listing(index, urls[index], rule.name))
+            except IndexDown:
+                continue
+        refusals = refusals_of(fetcher, rule.name, rule.indexes, urls)
+        if len(refusals) == len(rule.indexes):
+            raise PlanError(only_refusals_message(rule.name, refusals, "wheels.packages", rule.indexes))
         cands.extend(listed)
     fetcher.date_undated(dating_needed(rules_by_pkg, cands, target))
     return cands
+
+
+def refusals_of(fetcher: Fetcher, name: str, indexes: list, urls: dict) -> list:
+    """The indexes of ``indexes`` that refused package ``name`` in this plan: HTTP 403/404 for its project page, or
+    not reachable at all; each as {package, index, url, status}, in the profile's order."""
+    key = canonicalize_name(name)
+    out = []
+    for index in indexes:
+        status = fetcher.not_carried.get((index, key))
+        if status is None and index in fetcher.down:
+            status = f"unreachable: {fetcher.down[index]}"
+        if status:
+            out.append({"package": name, "index": index, "url": urls[index], "status": status})
+    return out
+
+
+def _refused_words(refusal: dict) -> str:
+    status = refusal["status"]
+    how = f"is {status}" if status.startswith("unreachable") else f"answered {status} for its project page"
+    return f"index {refusal['index']!r} ({refusal['url']}) {how}"
+
+
+def only_refusals_message(name: str, refusals: list, where: str, indexes: list) -> str:
+    """A package whose every named index refused: which, how, that no other index is asked, and the fix."""
+    return (
+        f"package {name}: every index the profile names for it refused it: "
+        + "; ".join(_refused_words(r) for r in refusals)
+        + f". A package is taken only from the indexes the profile names for it ({where} {name}:"
+        f" {', '.join(indexes)}), never from another one. Fix: if {refusals[0]['index']!r} should serve {name} (a"
+        " site mirror answering 403 refuses every package), check its URL and access, or map it to a mirror that"
+        f" serves it with gpufleet_index_urls; else name an index that carries {name} for it in the profile"
+    )
+
+
+def refusal_line(refusal: dict) -> str:
+    """One console line for an index that refused a package another named index served."""
+    served = refusal.get("planned_from")
+    return (
+        f"index refused: {_refused_words(refusal)} of package {refusal['package']}"
+        + (f"; planned from index {served!r}, the next index the profile names for it" if served else "")
+        + f". Fix: if {refusal['index']!r} should serve {refusal['package']}, check its URL and access"
+        f" (gpufleet_index_urls); if it does not carry {refusal['package']}, remove it from the package's indexes"
+        " in the profile"
+    )
+
+
+def index_refusals(fetcher: Fetcher, rules_by_pkg: list, wheels: dict, chosen: dict) -> list:
+    """Every refusal of a profile package by an index the profile names for it, with the index it was planned
+    from, and every index that could not be reached (left out of the dependencies' resolution)."""
+    urls = {i["name"]: i["url"] for i in wheels["indexes"]}
+    out = []
+    for rule in rules_by_pkg:
+        for refusal in refusals_of(fetcher, rule.name, rule.indexes, urls):
+            pick = chosen.get(rule.key)
+            out.append({**refusal, "planned_from": pick.index if pick else None})
+    return out
+
+
+def reachable_wheels(fetcher: Fetcher, wheels: dict) -> dict:
+    """The profile's ``wheels`` without the indexes that could not be reached, for uv: an index that does not
+    answer would fail uv's whole resolution (after its retries). A dependency the profile names for such an index
+    (``dependency_indexes``) fails the plan: it is taken from that index or not at all."""
+    if not fetcher.down:
+        return wheels
+    urls = {i["name"]: i["url"] for i in wheels["indexes"]}
+    pinned = wheels.get("dependency_indexes") or {}
+    for name, index in pinned.items():
+        if index in fetcher.down:
+            refusal = {
+                "package": name,
+                "index": index,
+                "url": urls[index],
+                "status": f"unreachable: {fetcher.down[index]}",
+            }
+            raise PlanError(only_refusals_message(name, [refusal], "wheels.dependency_indexes", [index]))
+    kept = [i for i in wheels["indexes"] if i["name"] not in fetcher.down]
+    if not kept:
+        raise PlanError(
+            "no index of the profile can be reached: " + "; ".join(f"{i}: {r}" for i, r in fetcher.down.items())
+        )
+    return {**wheels, "indexes": kept}
+
+
+def check_dependency_indexes(fetcher: Fetcher, wheels: dict) -> None:
+    """Each dependency the profile names one index for (``dependency_indexes``) must be served by it: uv would
+    fail without saying which index refused, or (an unreachable index left out) take it from another one."""
+    urls = {i["name"]: i["url"] for i in wheels["indexes"]}
+    for name, index in (wheels.get("dependency_indexes") or {}).items():
+        try:
+            fetcher.listing(index, urls[index], name)
+        except IndexDown:
+            pass
+        refusals = refusals_of(fetcher, name, [index], urls)
+        if refusals:
+            raise PlanError(only_refusals_message(name, refusals, "wheels.dependency_indexes", [index]))
 
 
 def find_uv(uv_path: str | None = None) -> str:
@@ -197,8 +293,24 @@ def _run_uv(uv, requirements, wheels, target, tmp, output_args, overrides=(), ca
     if proc.returncode != 0:
         raise PlanError(
             "uv could not resolve the dependencies of the chosen wheels over the profile's indexes"
-            f" ({', '.join(i['name'] for i in wheels['indexes'])}): {proc.stderr.strip()}"
+            f" ({', '.join(i['name'] for i in wheels['indexes'])}): {proc.stderr.strip()}. {uv_fix(proc.stderr, wheels)}"
         )
+
+
+def uv_fix(stderr: str, wheels: dict) -> str:
+    """The fix line of a failed uv resolution: an index uv could not read, by name, else the package's pins."""
+    named = [i for i in wheels["indexes"] if i["url"].rstrip("/") in stderr]
+    if named:
+        shown = ", ".join(f"{i['name']!r} ({i['url']})" for i in named)
+        return (
+            f"Fix: uv could not read index {shown}: check its URL and access, or map it to a mirror that answers with"
+            " gpufleet_index_urls"
+        )
+    return (
+        "Fix: the package uv names above is missing from these indexes or pinned in ways that contradict each"
+        " other: name an index that carries it (wheels.dependency_indexes), pin a version in the profile, or"
+        " replace the pin with wheels.overrides (with the reason)"
+    )
 
 
 def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
@@ -253,13 +365,25 @@ def make_lock(
     controller computed (``UrlHashRecord``); without it both are the plan's own and gone after it.
     ``reuse_wheelhouse`` (check mode: the wheelhouse, which it does not write) gives uv the chosen wheels it already
     holds with their sha256, so uv reads them there instead of downloading them."""
+    if cache_dir and fetcher.cache is None:
+        # Index pages and METADATA, kept with their validators: a re-plan asks only whether they changed.
+        fetcher.cache = ValidatorCache(cache_dir)
     with PlanCache(uv, cache_dir) as cache:
         computed = UrlHashRecord(cache_dir) if cache_dir else None
         where = {"fetch": wheelhouse, "reuse": reuse_wheelhouse, "uv_cache": cache.path}
-        lock = _lock(profile, target, fetcher, uv, tools, today, where, computed)
+        try:
+            lock = _lock(profile, target, fetcher, uv, tools, today, where, computed)
+        finally:
+            if fetcher.cache is not None:
+                fetcher.cache.save()
         if computed is not None:
             computed.save()
     lock["uv_cache"] = cache.summary()
+    lock["index_requests"] = {
+        "requests": fetcher.requests,
+        "conditional": fetcher.conditional,
+        "not_modified": fetcher.revalidated,
+    }
     return lock
 
 
@@ -270,6 +394,9 @@ def _lock(profile, target, fetcher, uv, tools, today, where, computed):
     cands = probe(fetcher, wheels, rules_by_pkg, target)
     metadata_of = _metadata_memo(fetcher)
     chosen, report = resolve_plan(rules_by_pkg, cands, rules, target, metadata_of, today=today)
+    refusals = index_refusals(fetcher, rules_by_pkg, wheels, chosen)
+    check_dependency_indexes(fetcher, wheels)
+    wheels = reachable_wheels(fetcher, wheels)
     record = HashRecord(wheelhouse) if wheelhouse else None
     # A link without a sha256 or a republished file name: the lock takes the hash of the file the index serves.
     note_listings(report, rules_by_pkg, fetcher, settle_hashes(fetcher, chosen, wheelhouse, record, computed))
@@ -322,6 +449,7 @@ def _lock(profile, target, fetcher, uv, tools, today, where, computed):
         "packages": packages,
         "tools": tool_entries,
         "overrides": override_records(rules, report),
+        "index_refusals": refusals,
         "report": report,
         "lock_rules": rules_report,
     }
@@ -511,6 +639,7 @@ def report_lines(lock: dict) -> list:
     lines = [
         f"wheel plan for profile {lock['profile']} (Python {lock['python']}, {lock['platform']}): {lock['venv_name']}"
     ]
+    lines += [refusal_line(r) for r in lock.get("index_refusals") or []]
     for override in lock.get("overrides", []):
         replaced = ", ".join(f"{r['pin']} (by {r['by']})" for r in override["replaced"]) or "no pin of a chosen wheel"
         lines.append(f"override {override['requirement']}: {override['reason']}; replaces {replaced}")

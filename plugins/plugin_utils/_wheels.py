@@ -463,6 +463,8 @@ class _State:
     rejected: list  # (candidate, reason)
     sources: dict
     allow_stale: bool = False
+    fitting: list = field(default_factory=list)  # builds for the hosts' platform, Python and CUDA tag, any version
+    target: Target | None = None
 
 
 def sort_key(cand: Candidate, rule: PackageRule, supported: list):
@@ -503,7 +505,15 @@ def screen(rule: PackageRule, candidates: list, rules: Rules, target: Target, su
             else:
                 eligible.append(cand)
     eligible.sort(key=lambda c: sort_key(c, rule, supported), reverse=True)
-    return _State(rule=rule, eligible=eligible, rejected=rejected, sources=sources, allow_stale=allow_stale)
+    return _State(
+        rule=rule,
+        eligible=eligible,
+        rejected=rejected,
+        sources=sources,
+        allow_stale=allow_stale,
+        fitting=[c for cands in fitting.values() for c in cands],
+        target=target,
+    )
 
 
 def admits_prereleases(spec: SpecifierSet) -> bool:
@@ -635,6 +645,8 @@ def resolve_plan(rules_by_pkg: list, candidates: list, rules: Rules, target: Tar
     raise PlanError(
         "the wheel plan did not settle; the profile's pins contradict each other: "
         + "; ".join(f"{f}: {r}" for f, r in banned.items())
+        + ". Fix: pin the packages named to versions whose requirements agree (wheels.packages spec), or replace"
+        " a pin with wheels.overrides (with the reason)"
     )
 
 
@@ -696,8 +708,9 @@ def reason_kind(reason: str) -> str:
 
 def no_build_message(state: _State, banned: dict, pins: dict) -> str:
     """Why no build of a package can be planned, bounded in length however long the listings are: the
-    NO_BUILD_LISTED most telling candidates (those the spec admits first, newest first), then the others counted
-    by reason."""
+    NO_BUILD_LISTED most telling candidates (builds for the hosts first, then those the spec admits first, newest
+    first), then the others counted by reason, and the fix. A version no index has for the hosts gets the nearest
+    versions that it has (``nearest_versions``)."""
     rule = state.rule
     lines = [
         f"no build of {rule.name} satisfies spec {str(rule.spec) or 'any'}"
@@ -709,8 +722,17 @@ def no_build_message(state: _State, banned: dict, pins: dict) -> str:
         lines.append("no wheel of this package was listed by any of its indexes")
     excluded = "; ".join(f"excluded by {src}'s requirement {req}" for src, req in pins.items()) or "not chosen"
     seen = [(cand, reason or excluded) for cand, reason in seen]
-    # The closest misses first: a build refused by a later filter passed the earlier ones (reject_reason's order).
-    seen.sort(key=lambda cr: (_CLOSENESS.get(reason_kind(cr[1]), len(_CLOSENESS)), cr[0].version, cr[0].build))
+    # Builds the hosts can install first (a list of another platform's wheels says nothing to act on), then the
+    # closest misses: a build refused by a later filter passed the earlier ones (reject_reason's order).
+    fits = {id(c) for c in state.fitting}
+    seen.sort(
+        key=lambda cr: (
+            id(cr[0]) in fits,
+            _CLOSENESS.get(reason_kind(cr[1]), len(_CLOSENESS)),
+            cr[0].version,
+            cr[0].build,
+        )
+    )
     seen.reverse()
     for cand, reason in seen[:NO_BUILD_LISTED]:
         lines.append(f"{cand.index}: {cand.filename} ({cand.date or 'undated'}): {reason}")
@@ -728,7 +750,65 @@ def no_build_message(state: _State, banned: dict, pins: dict) -> str:
             + "; ".join(refused_sources)
             + ". Set allow_stale (stale) or undatable: allow on the package only if such a build is wanted."
         )
+    lines.append(no_build_fix(state, bool(seen), pins, bool(refused_sources)))
     return " | ".join(lines)
+
+
+NEAREST_BELOW, NEAREST_ABOVE = 3, 2  # versions shown on each side of the one asked for
+
+
+def _hosts_words(state: _State) -> str:
+    target = state.target
+    where = f"Python {target.python_version} on {target.platform}" if target else "the hosts"
+    return where + (f", local tag {state.rule.local_tag}" if state.rule.local_tag else "")
+
+
+def spec_anchor(spec: SpecifierSet) -> Version | None:
+    """The version a spec names (``==2.99.0`` -> 2.99.0; the first bound of a range), None for an empty spec."""
+    for item in sorted(spec, key=str):
+        try:
+            return Version(item.version.replace(".*", ""))
+        except ValueError:
+            continue
+    return None
+
+
+def nearest_versions(state: _State) -> list:
+    """Public versions the package's indexes have a build of for the hosts (platform, Python, CUDA tag), nearest
+    to the version the spec names: up to NEAREST_BELOW below it (newest first), then up to NEAREST_ABOVE above."""
+    versions = sorted({Version(c.version.public) for c in state.fitting})
+    anchor = spec_anchor(state.rule.spec)
+    if anchor is None:
+        return [str(v) for v in reversed(versions[-NEAREST_BELOW:])]
+    below = [v for v in versions if v <= anchor][-NEAREST_BELOW:]
+    above = [v for v in versions if v > anchor][:NEAREST_ABOVE]
+    return [str(v) for v in reversed(below)] + [str(v) for v in above]
+
+
+def no_build_fix(state: _State, listed: bool, pins: dict, sources_refused: bool) -> str:
+    """The fix line of a no-build refusal, by what stood in the way."""
+    rule = state.rule
+    where = f"wheels.packages {rule.name}"
+    if not listed:
+        return f"fix: name an index that carries {rule.name} in its indexes ({where})"
+    if state.eligible:
+        return (
+            f"fix: pin {rule.name} ({where} spec) to a version the requirements above admit, or, where the pinning"
+            f" wheel runs with another {rule.name}, replace its pin with wheels.overrides (with the reason)"
+        )
+    in_spec = [c for c in state.fitting if rule.spec.contains(c.version, prereleases=admits_prereleases(rule.spec))]
+    if in_spec and sources_refused:
+        return f"fix: see the refused sources above; or pin a version another source of {rule.name} has ({where} spec)"
+    nearest = nearest_versions(state)
+    if nearest:
+        return (
+            f"nearest versions with a build for {_hosts_words(state)}: {', '.join(nearest)}; fix: set {where} spec"
+            f" to one of them, e.g. =={nearest[0]}"
+        )
+    return (
+        f"fix: no index of {rule.name} has a build for {_hosts_words(state)} at any version: name an index that"
+        " has one, or change the profile's python.version or the package's local_tag"
+    )
 
 
 def plan_report(states, chosen, banned, constraints, replaced=None) -> dict:
@@ -785,7 +865,8 @@ def rules_from_profile(wheels: dict) -> tuple:
             spec = SpecifierSet(pkg["spec"])
         except InvalidSpecifier as exc:
             raise PlanError(
-                f"wheels.packages {pkg['name']}: spec {pkg['spec']!r} is not a version specifier: {exc}"
+                f"wheels.packages {pkg['name']}: spec {pkg['spec']!r} is not a version specifier: {exc}; fix: write it"
+                " as PEP 440 gives it, e.g. '==2.11.0' or '>=2.11,<2.12'"
             ) from exc
         pkgs.append(
             PackageRule(

@@ -38,9 +38,10 @@ def test_check_mode_and_apply_lock_the_same_served_hashes(tmp_path):
         checked = make_action(dict(args), check_mode=True).run(task_vars={"inventory_hostname": "ctl"})
         assert not checked.get("failed"), checked.get("msg")
         # The hash-less and republished files were hashed in a scratch folder: no lock, no wheelhouse; only the
-        # controller's cache (uv's, and the hash computed for the link without one).
+        # controller's cache (uv's, the index answers kept with their validators, and the hash computed for the
+        # link without one).
         assert [p.name for p in tmp_path.iterdir()] == ["cache"]
-        assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["url-sha256.json", "uv"]
+        assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["index", "url-sha256.json", "uv"]
         applied = make_action(dict(args)).run(task_vars={"inventory_hostname": "ctl"})
         assert not applied.get("failed"), applied.get("msg")
         lock = json.loads(Path(applied["lock_path"]).read_text())

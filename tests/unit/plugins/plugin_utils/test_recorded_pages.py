@@ -237,7 +237,8 @@ def test_a_package_no_index_carries_fails_naming_the_403(recorded):
     rules_by_pkg, _rules = w.rules_from_profile(profile["wheels"])
     with pytest.raises(w.PlanError) as err:
         wp.probe(ix.Fetcher(), profile["wheels"], rules_by_pkg, TARGET)
-    assert str(err.value) == (
-        "no index of sgl-kernel carries it: 'pytorch' (HTTP 403) answered that the project is not there (not carried"
-        " by this index); add an index that carries it to the package's indexes"
+    assert str(err.value).startswith(
+        "package sgl-kernel: every index the profile names for it refused it: index 'pytorch'"
+        f" ({recorded['pytorch'].url}) answered HTTP 403 for its project page."
     )
+    assert "Fix: if 'pytorch' should serve sgl-kernel" in str(err.value)

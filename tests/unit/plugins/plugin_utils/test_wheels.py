@@ -666,5 +666,6 @@ def test_no_build_message_stays_short_for_a_long_listing():
     # The closest misses come first: the cu130 build for another Python, then the cu128 builds of 2.11.
     assert parts[1].startswith("main: torch-2.11.0+cu130-cp39-cp39") and "do not fit Python 3.11" in parts[1]
     assert parts[2].startswith("main: torch-2.11.49+cu128") and "local tag 'cu128'" in parts[2]
-    assert len(parts) == 1 + w.NO_BUILD_LISTED + 1
-    assert parts[-1] == "993 more candidate(s): 950 version outside the spec, 43 another local tag"
+    assert len(parts) == 1 + w.NO_BUILD_LISTED + 2
+    assert parts[-2] == "993 more candidate(s): 950 version outside the spec, 43 another local tag"
+    assert parts[-1].startswith("fix: no index of torch has a build for Python 3.11")
