@@ -244,8 +244,8 @@ def not_on_controller(entries: list, table: dict, files: dict) -> list:
 
 def linked_cuda(entries: list, table: dict, files: dict) -> dict:
     """Add to ``table`` the packages whose CUDA only their shared objects tell (the CUDA libraries their DT_NEEDED
-    entries name), for the wheels in ``files``. Returns {package: torch library it links} for the wheels read
-    that link torch's libraries (``_elf.torch_linked``)."""
+    entries name), for the wheels in ``files``. Returns, for every wheel read, the torch library it links
+    (``_elf.torch_linked``: ``libc10.so in pkg/ops.so``), or "" where it links none of torch's."""
     if not HAS_ELFTOOLS:
         return {}
     torch_links = {}
@@ -254,8 +254,7 @@ def linked_cuda(entries: list, table: dict, files: dict) -> dict:
             found = wheel_links(files[entry["name"]])
         except ElfReadError as exc:
             raise LockRefused(f"{exc}: its CUDA cannot be judged. Fix: delete the file and plan again") from exc
-        if found["torch"]:
-            torch_links[entry["name"]] = found["torch"]
+        torch_links[entry["name"]] = found["torch"] or ""
         if found["cuda"] is None:
             continue
         row = {"version": entry["version"], "cuda": found["cuda"], "from": f"from {found['evidence']}"}
@@ -277,8 +276,8 @@ def linked_cuda(entries: list, table: dict, files: dict) -> dict:
 def cuda_table(entries: list, graph: dict, files: dict | None = None, torch_links: dict | None = None) -> dict:
     """{package: {"version", "cuda" (major), "from"}} for every package of the lock built for a CUDA release.
     ``files`` ({package: wheel path}, see wheel_files) lets the packages that carry no CUDA in their name or
-    version be judged by their shared objects (linked_cuda); ``torch_links`` (a dict) receives what linked_cuda
-    found of torch's libraries."""
+    version be judged by their shared objects (linked_cuda); ``torch_links`` (a dict) receives linked_cuda's
+    answer (per wheel read, the torch library it links or "")."""
     versions = {e["name"]: e["version"] for e in entries}
     table = {}
     for entry in entries:
@@ -411,13 +410,14 @@ def _table_pair(comp: Companion, with_version: str) -> tuple | None:
 
 
 def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
-    """(pairs, problems, unjudged). ``requires``: {package: its Requires-Dist that apply on the target} for the
+    """(pairs, problems, bounds_only). ``requires``: {package: its Requires-Dist that apply on the target} for the
     packages of metadata_wanted. Every requirement of a package's METADATA on the package it is built against is held
     against the lock (a pin or a bound: ``torch>=2.14.0`` refuses torch 2.11.0), and so is the profile's table where
     it has a row for the locked release. A pair is judged by a pin or a table row; a profile companion that neither
-    pairs with the locked release is refused, any other package that only a bound admits is listed as unjudged."""
+    pairs with the locked release is refused; any other package that only a bound admits is in ``bounds_only``
+    ({package: the line saying so}), for ``unjudged_lines``."""
     versions = {e["name"]: e["version"] for e in entries}
-    pairs, problems, unjudged = [], [], []
+    pairs, problems, unjudged = [], [], {}
     for name in sorted(set(requires) | (set(companions) & set(versions))):
         if name not in versions:
             continue
@@ -435,7 +435,7 @@ def judge_companions(entries: list, companions: dict, requires: dict) -> tuple:
             if verdict["problem"]:
                 problems.append(verdict["problem"])
             if verdict["unjudged"]:
-                unjudged.append(verdict["unjudged"])
+                unjudged[name] = verdict["unjudged"]
     return pairs, problems, unjudged
 
 
@@ -492,6 +492,7 @@ def _pair_verdict(name, have, target, with_have, comp, checks, in_profile) -> di
             "with_version": with_have,
             "by": by,
             "ok": out["problem"] is None,
+            "pinned": any(pin for *_rest, pin in checks),
         }
     return out
 
@@ -515,7 +516,7 @@ def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelh
     cuda_problems, allowed = judge_cuda(
         table, profile["cuda"]["version"], exceptions_from_profile(rules), graph, versions
     )
-    pairs, pair_problems, unjudged = judge_companions(entries, companions, requires)
+    pairs, pair_problems, bounds_only = judge_companions(entries, companions, requires)
     problems = pair_problems + cuda_problems
     if problems:
         raise LockRefused(
@@ -527,29 +528,35 @@ def judge_lock(entries: list, graph: dict, requires: dict, profile: dict, wheelh
         "cuda_unread": unread_cuda(entries, table, files),
         "cuda_not_fetched": not_on_controller(entries, table, files),
         "companions": pairs,
-        "unjudged": sorted(set(unjudged) | set(torch_unjudged(torch_links, pairs, versions))),
+        "bounds_only": bounds_only,
+        "torch_links": torch_links,
+        "unjudged": unjudged_lines(bounds_only, torch_links, pairs, versions),
     }
 
 
-def torch_unjudged(torch_links: dict, pairs: list, versions: dict) -> list:
-    """A line for each wheel that links torch's libraries (built against one torch release) whose pairing with the
-    locked torch no rule judged: its METADATA pins no torch and the profile has no companions row for it."""
+def unjudged_lines(bounds_only: dict, torch_links: dict, pairs: list, versions: dict) -> list:
+    """What the pairing rule could not judge: a package only a bound of its METADATA admits (``bounds_only``),
+    unless its wheel was read and links none of torch's libraries (then it is built against no torch release); and
+    a wheel that links torch's libraries whose pairing no pin and no profile row judged. ``torch_links``: per wheel
+    read, the torch library it links or ""."""
     judged = {p["package"] for p in pairs}
     torch = versions.get(DEFAULT_WITH)
-    return [
+    lines = [line for name, line in sorted(bounds_only.items()) if torch_links.get(name, None) != ""]
+    lines += [
         f"{name} {versions[name]} links torch's libraries ({where}) but neither its METADATA nor"
         f" wheels.rules.companions says which torch it was built against: its pairing with torch {torch} is not judged"
         f" (add a companions row for {name} to judge it)"
         for name, where in sorted(torch_links.items())
-        if name not in judged and name in versions and torch
+        if where and name not in judged and name in versions and torch
     ]
+    return sorted(lines)
 
 
 def judge_linked_cuda(entries: list, profile: dict, wheelhouse: str, graph: dict | None = None, judged=()) -> dict:
     """The one-CUDA-major rule for the wheels whose CUDA only their shared objects tell, once the wheelhouse holds
     the whole lock (a dependency's wheel is fetched after the lock is made, so judge_lock could not read it).
-    Returns the report part as judge_lock does (``cuda`` holds those packages only; ``torch_links``: {package: the
-    torch library it links} for the wheels read); raises LockRefused."""
+    Returns the report part as judge_lock does (``cuda`` holds those packages only; ``torch_links``: per wheel read,
+    the torch library it links or ""); raises LockRefused."""
     versions = {e["name"]: e["version"] for e in entries}
     table = {}
     for entry in entries:
@@ -590,8 +597,10 @@ def judge_after_fetch(entries: list, profile: dict, wheelhouse: str, rules: dict
     rules["cuda_allowed"] = sorted(set(rules.get("cuda_allowed") or []) | set(linked["cuda_allowed"]))
     rules["cuda_unread"] = sorted(set(rules.get("cuda_unread") or []) | set(linked["cuda_unread"]))
     rules["cuda_not_fetched"] = linked["cuda_not_fetched"]
-    later = torch_unjudged(linked["torch_links"], rules.get("companions") or [], versions)
-    rules["unjudged"] = sorted(set(rules.get("unjudged") or []) | set(later))
+    rules["torch_links"] = {**(rules.get("torch_links") or {}), **linked["torch_links"]}
+    rules["unjudged"] = unjudged_lines(
+        rules.get("bounds_only") or {}, rules["torch_links"], rules.get("companions") or [], versions
+    )
 
 
 def _builds_line(name: str, row: dict) -> str:
@@ -642,8 +651,8 @@ def report_lines(rules_report: dict) -> list:
     )
     lines.extend(f"CUDA exception: {line}" for line in rules_report.get("cuda_allowed") or [])
     for pair in rules_report.get("companions") or []:
+        how = "pairs with" if pair.get("pinned", True) else "admits"
         lines.append(
-            f"companion {pair['package']} {pair['version']} pairs with {pair['with']} {pair['with_version']}"
-            f" ({pair['by']})"
+            f"companion {pair['package']} {pair['version']} {how} {pair['with']} {pair['with_version']} ({pair['by']})"
         )
     return lines + not_judged_lines(rules_report)

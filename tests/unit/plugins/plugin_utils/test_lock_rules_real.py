@@ -259,6 +259,9 @@ def test_a_bound_that_admits_torch_is_no_pairing():
         " release, and wheels.rules.companions has no row for torchvision: which torch it was built against is not"
         " judged (add a companions row to judge it)"
     ]
+    assert "companion torchvision 0.29.2 admits torch 2.14.1+cu130 (its METADATA: torch>=2.14.0)" in lr.report_lines(
+        report
+    )
     row = {"package": "torchvision", "versions": {"2.14": "0.29"}, "reason": "r"}
     paired = lr.judge_lock(entries, {"torch": ["torchvision"]}, requires, profile(companions=[row]))
     assert paired["unjudged"] == []
@@ -293,7 +296,7 @@ def test_cu130_s_companions_with_the_real_metadata(torchvision, refused):
     if refused:
         assert len(problems) == 1 and refused in problems[0], problems
         return
-    assert problems == [] and unjudged == []
+    assert problems == [] and unjudged == {}
     assert {p["package"]: p["by"] for p in pairs} == {
         "torchaudio": "the profile: torch 2.11 <-> torchaudio 2.11",
         "torchvision": "its METADATA: torch==2.11.0; the profile: torch 2.11 <-> torchvision 0.26",
@@ -326,3 +329,23 @@ def test_a_kernel_wheel_linking_torch_without_a_pairing_is_listed_as_not_judged(
     # Without its wheel on the controller it is named as not read.
     unread = lr.judge_lock(entries, graph, {}, profile(cuda="12.8"))
     assert unread["cuda_not_fetched"] == ["sgl-kernel 0.3.21"]
+
+
+@needs_gcc
+def test_a_bound_on_torch_from_a_wheel_built_against_no_torch_is_no_gap(tmp_path):
+    """xgrammar 0.2.7 requires torch>=1.10.0: where its wheel is read and links none of torch's libraries, it is built
+    against no torch release and nothing is left unjudged; where it links them, the gap is listed."""
+    filename = "xgrammar-0.2.7-cp312-cp312-manylinux_2_28_x86_64.whl"
+    entries = [entry("torch", "2.14.1+cu130"), entry("xgrammar", "0.2.7", filename)]
+    graph = {"torch": ["xgrammar", lr.ROOT], "xgrammar": [lr.ROOT]}
+    requires = {"xgrammar": ["torch>=1.10.0"]}
+    for links, listed in (([], False), (["libc10.so"], True)):
+        folder = tmp_path / str(listed)
+        folder.mkdir()
+        with zipfile.ZipFile(folder / filename, "w") as zf:
+            zf.write(shared_object(folder, "ops.so", links), "xgrammar/ops.so")
+        report = lr.judge_lock(entries, graph, requires, profile(), wheelhouse=str(folder))
+        assert report["torch_links"] == {"xgrammar": "libc10.so in xgrammar/ops.so" if listed else ""}
+        assert bool(report["unjudged"]) is listed, report["unjudged"]
+    # Not read (check mode without the wheelhouse): the gap is listed.
+    assert lr.judge_lock(entries, graph, requires, profile())["unjudged"][0].startswith("xgrammar 0.2.7 beside torch")
