@@ -14,6 +14,7 @@ from urllib.parse import unquote
 from ansible_collections.gpufleet.upgrade.plugins.modules.wheel_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import Fetcher
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._lock_rules import not_judged_lines
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_action import WheelAction
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheel_plan import (
     fetch_wheelhouse,
@@ -92,8 +93,8 @@ class ActionModule(WheelAction):
             fetch={**fetched, **_counts(fetcher)},
         )
         refusals = _refusal_lines([lock])
-        if refusals:
-            result["warnings"] = refusals
+        if refusals or _not_judged([lock]):
+            result["warnings"] = refusals + _not_judged([lock])
         if self._task.diff:
             result["diff"] = {"before": "", "after": "\n".join(report_lines(lock)) + "\n", "after_header": lock_path}
             if not changed:
@@ -185,8 +186,8 @@ class ActionModule(WheelAction):
             report=report_text.splitlines(),
             fetch=_counts(fetcher),
         )
-        if refusals:
-            result["warnings"] = refusals
+        if refusals or _not_judged(locks):
+            result["warnings"] = refusals + _not_judged(locks)
         if self._task.diff:
             result["diff"] = {"before": before, "after": text, "before_header": path, "after_header": path}
             if refusals:
@@ -207,6 +208,11 @@ def _counts(fetcher):
 def _refusal_lines(locks):
     """One line per index that refused a profile package, once across the targets planned."""
     return list(dict.fromkeys(refusal_line(r) for lock in locks for r in lock.get("index_refusals") or []))
+
+
+def _not_judged(locks):
+    """What the lock rules could not judge (check mode: the wheels it did not download), once across the targets."""
+    return list(dict.fromkeys(line for lock in locks for line in not_judged_lines(lock.get("lock_rules") or {})))
 
 
 def _now():
