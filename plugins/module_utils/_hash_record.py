@@ -143,3 +143,22 @@ class UrlHashRecord(_Record):
             return
         self._table[url] = {**{k: stamp.get(k) for k in self.STAMP_KEYS}, "sha256": digest}
         self._changed = True
+
+
+class MetadataRecord(_Record):
+    """The Name and Version a wheel's METADATA gives, kept in ``<folder>/.gpufleet-metadata.json`` by the wheel's
+    sha256: the same bytes always say the same, so a wheel is opened once, not on every audit (a zip's central
+    directory of 13,000 members takes tens of milliseconds to read). The sha256 comes from ``HashRecord``."""
+
+    NAME = ".gpufleet-metadata.json"
+
+    @staticmethod
+    def _valid(entry) -> bool:
+        return isinstance(entry, list) and len(entry) == 2
+
+    def get(self, sha256: str) -> list | None:
+        return self._table.get(sha256)
+
+    def put(self, sha256: str, name_version: list) -> None:
+        self._table[sha256] = list(name_version)
+        self._changed = True

@@ -28,7 +28,7 @@ from ansible.module_utils.urls import open_url
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord, MetadataRecord
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
 
 # 2: the file carries the digest plan.yml computed of it (``seal``); a file of schema 1 has none and is refused.
@@ -322,36 +322,42 @@ def not_as_planned(doc: dict) -> str | None:
     return f"it {edited}" if edited else None
 
 
-def read_metadata(path: str) -> tuple:
+def read_metadata(path: str) -> list:
     """(Name, Version) of a wheel's METADATA, read from the zip (``<name>-<version>.dist-info/METADATA``)."""
     with zipfile.ZipFile(path) as archive:
         members = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(members) != 1:
             raise ValueError(f"{len(members)} .dist-info/METADATA files instead of one")
         headers = email.parser.BytesHeaderParser().parsebytes(archive.read(members[0]))
-    return headers.get("Name"), headers.get("Version")
+    return [headers.get("Name"), headers.get("Version")]
 
 
 def metadata_problems(entries: list, wheelhouse: str) -> list:
     """Packages and tools whose wheel the wheelhouse holds with the locked sha256 (as recorded: no file is hashed
-    here) but whose METADATA names another name or version, or that is no readable wheel."""
-    record = HashRecord(wheelhouse)
+    here) but whose METADATA names another name or version, or that is no readable wheel. What a wheel's METADATA
+    says is kept by its sha256 (``MetadataRecord``): each wheel is opened once."""
+    held = HashRecord(wheelhouse)
+    said = MetadataRecord(wheelhouse)
     problems = []
     for entry in entries:
         for group in ("packages", "tools"):
             for package in entry.get(group) or []:
-                filename = package["filename"]
-                if record.recorded(filename) != package["sha256"]:
+                filename, sha = package["filename"], package["sha256"]
+                if held.recorded(filename) != sha:
                     continue
                 label = f"entry {_label(entry)}, {group[:-1]} {package['name']}: {filename}"
                 try:
-                    name, version = read_metadata(os.path.join(wheelhouse, filename))
+                    if said.get(sha) is None:
+                        said.put(sha, read_metadata(os.path.join(wheelhouse, filename)))
+                    name, version = said.get(sha)
                     if canonicalize_name(str(name)) != canonicalize_name(package["name"]):
                         problems.append(f"{label} holds METADATA Name {name}, not {package['name']}")
                     elif Version(str(version)) != Version(str(package["version"])):
                         problems.append(f"{label} holds METADATA Version {version}, not {package['version']}")
                 except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
                     problems.append(f"{label} is not a readable wheel ({exc})")
+    if os.path.isdir(wheelhouse):
+        said.save()
     return problems
 
 

@@ -505,3 +505,18 @@ def test_a_wheel_refused_from_the_wheelhouse_is_named_with_the_locked_and_the_fo
         f"six-1.17.0-py3-none-any.whl (locked sha256 {'b' * 64}, the file there has {found})",
         f"uv-0.13.8-py3-none-any.whl (locked sha256 {'c' * 64}, no such file there)",
     ]
+
+
+def test_a_wheel_s_metadata_is_read_once_by_its_sha256(tmp_path, monkeypatch):
+    entry = lf.make_document(PROFILE, [lock()], "t")["entries"][0]
+    six = next(p for p in entry["packages"] if p["name"] == "six")
+    path = wheel_file(tmp_path, six["filename"], "six", "1.17.0")
+    six["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    record = HashRecord(str(tmp_path))
+    record.sha256(six["filename"])
+    record.save()
+    opened = []
+    real = lf.read_metadata
+    monkeypatch.setattr(lf, "read_metadata", lambda p: opened.append(p) or real(p))
+    assert lf.metadata_problems([entry], str(tmp_path)) == lf.metadata_problems([entry], str(tmp_path)) == []
+    assert opened == [str(path)]
