@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -271,3 +272,22 @@ class PrivateServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def index_copies(base: Path, prefix: str):
+    """Private copies of lab-main (PEP 691 on) and lab-stale under ``base``, file dates kept, each served by its own
+    PrivateServer with its own access log (``<base>/<name>.jsonl``): a test that publishes to an index, or counts its
+    requests, changes nothing for the others. Yields ``{name: server}``; each server also has ``root`` and ``log``."""
+    servers: dict[str, PrivateServer] = {}
+    try:
+        for name, extra in (("lab-main", ["--pep691"]), ("lab-stale", [])):
+            root, log = base / name, base / f"{name}.jsonl"
+            shutil.copytree(MIRRORS / name, root, copy_function=shutil.copy2)
+            server = PrivateServer(f"{prefix}-{name}", ["--kind", "pypi", "--root", str(root), *extra], "/simple", log)
+            server.root, server.log = root, log
+            servers[name] = server
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -1,0 +1,215 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Whether a plan made now would move a host off the lock it runs only because an index changed. Controller side.
+
+An upgrade without a lock file plans the wheels again. For a host that runs, in sync, the lock its last upgrade
+recorded (state file record and ``<serving_root>/locks/<venv_name>.txt``, read by ``venv_host.py locate``), a plan
+of the same profile that differs from that lock means the indexes changed since: a newer or older build, a wheel
+republished under the same file name with other bytes, a dependency added or removed. Such a host is refused before
+anything changes, with the changes and the fix (review the move as a lock file, or accept the new plan); a host
+that records no lock of this profile, runs another venv, or whose profile changed since its lock is upgraded as
+before. The comparison is ``_lock_file.diff`` over the two locks, each change classified here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._backup import canonical_name
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
+
+try:
+    from packaging.version import InvalidVersion, Version
+except ImportError:  # pragma: no cover - the planner needs packaging anyway
+    Version = None
+    InvalidVersion = ValueError
+
+# How a package of the plan differs from the host's lock.
+NEWER, OLDER, REPUBLISHED, OTHER_FILE, ADDED, REMOVED = (
+    "newer",
+    "older",
+    "republished",
+    "other file",
+    "added",
+    "removed",
+)
+# What the judgement found; only MOVED refuses (unless the operator accepts the new plan).
+SAME, NO_LOCK, NOT_RUNNING, PROFILE_CHANGED, PLATFORM_CHANGED, SAME_WHEELS, MOVED = (
+    "same",
+    "no lock",
+    "not running its lock",
+    "profile changed",
+    "platform changed",
+    "same wheels",
+    "moved",
+)
+_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(\S+)\s+--hash=sha256:([0-9a-fA-F]{64})\s*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+FIX = (
+    "fix: review the move as a lock file (ansible-playbook playbooks/plan.yml -e gpufleet_lock_file=<file>, review"
+    " and commit it, then ansible-playbook playbooks/upgrade.yml -e gpufleet_lock_file=<file>), or take the new plan"
+    " as it is with -e gpufleet_accept_new_plan=true"
+)
+
+
+def recorded_hashes(text: str | None) -> dict:
+    """``{canonical name: sha256}`` of the host's lock text (``name==version --hash=sha256:...`` lines as
+    ``_lock.requirements_text`` writes them; comments, ``# tool:`` lines included, are not the venv's)."""
+    out = {}
+    for line in (text or "").splitlines():
+        match = None if line.lstrip().startswith("#") else _PIN.match(line)
+        if match:
+            out[canonical_name(match.group(1))] = match.group(3).lower()
+    return out
+
+
+def runs_lock(located: dict, lock: dict) -> bool:
+    """Whether ``current`` is a verified venv of ``lock`` (its own or a repair of it): the host runs that lock."""
+    current = (located or {}).get("current")
+    if not current or not lock.get("hash"):
+        return False
+    folder = os.path.basename(os.path.normpath(current))
+    verified = {v.get("name"): v.get("verified") for v in (located or {}).get("venvs") or []}
+    return folder.split(".repair-", 1)[0] == lock.get("venv_name") and verified.get(folder) == lock["hash"]
+
+
+def planned_file(controller_dir: str | None, venv_name: str) -> dict | None:
+    """The lock file this controller wrote when it planned ``venv_name`` (``<controller_dir>/locks/<venv_name>
+    .lock.yml``, action wheel_plan), or None. Only that folder is read: the venv name comes from the host."""
+    if not controller_dir or not _NAME.match(venv_name or ""):
+        return None
+    path = os.path.join(os.path.expanduser(controller_dir), "locks", f"{venv_name}.lock.yml")
+    if not os.path.isfile(path):
+        return None
+    try:
+        return lf.read(path)
+    except lf.LockFileError:
+        return None
+
+
+def _entry_of(doc: dict | None, venv_name: str, digest: str) -> dict | None:
+    for entry in (doc or {}).get("entries") or []:
+        if entry.get("venv_name") == venv_name and entry.get("hash") == digest:
+            return entry
+    return None
+
+
+def _packages(packages) -> list:
+    return [
+        {
+            "name": canonical_name(p["name"]),
+            "version": str(p["version"]),
+            "sha256": (p.get("sha256") or "").lower() or None,
+            "filename": p.get("filename"),
+        }
+        for p in packages or []
+    ]
+
+
+def _version(text):
+    try:
+        return Version(text) if Version else None
+    except InvalidVersion:
+        return None
+
+
+def classify(old: list, new: list) -> list:
+    """The changes from the host's packages ``old`` to the plan's ``new`` (each ``{name, version, sha256,
+    filename}``; an old sha256 or file name may be None: not known), in name order: ``{kind, name, old, new}``.
+    A package whose version is the same and whose sha256 is not known on one side is not a change."""
+    label = {"platform": "host", "python": ""}
+    change = lf.diff(
+        {"profile": {}, "entries": [dict(label, packages=old)]},
+        {"profile": {"hash": ""}, "entries": [dict(label, packages=new)]},
+    )["entries"][0]
+    out = [{"kind": ADDED, "name": p["name"], "old": None, "new": p} for p in change["added"]]
+    out += [{"kind": REMOVED, "name": p["name"], "old": p, "new": None} for p in change["removed"]]
+    for c in change["changed"]:
+        before, after = c["old"], c["new"]
+        if before["version"] == after["version"]:
+            if not before["sha256"] or not after["sha256"]:
+                continue
+            known = before.get("filename")
+            kind = OTHER_FILE if known and known != after.get("filename") else REPUBLISHED
+        else:
+            was, now = _version(before["version"]), _version(after["version"])
+            kind = OLDER if was is not None and now is not None and now < was else NEWER
+        out.append({"kind": kind, "name": c["name"], "old": before, "new": after})
+    return sorted(out, key=lambda c: c["name"])
+
+
+def change_line(change: dict) -> str:
+    """One change in words; a republished wheel with both sha256 in full (the bytes a reviewer checks)."""
+    old, new, kind = change["old"], change["new"], change["kind"]
+    if kind == ADDED:
+        return f"{change['name']} {new['version']} added"
+    if kind == REMOVED:
+        return f"{change['name']} {old['version']} removed"
+    if kind == REPUBLISHED:
+        same = "the same file name" if old.get("filename") else "the same version"
+        return (
+            f"{change['name']} {new['version']} republished ({new.get('filename') or 'its wheel'}: {same} with other"
+            f" bytes, sha256 {old['sha256']} -> {new['sha256']})"
+        )
+    if kind == OTHER_FILE:
+        return (
+            f"{change['name']} {new['version']} from another file ({old['filename']} -> {new['filename']}, sha256"
+            f" {old['sha256']} -> {new['sha256']})"
+        )
+    return f"{change['name']} {old['version']} -> {new['version']} ({'newer' if kind == NEWER else 'older'} build)"
+
+
+def judge(located, plan, profile, host="host", controller_dir=None, accept=False) -> dict:
+    """Whether the plan ``plan`` (the planner's lock) moves a host off the lock it runs only because an index
+    changed. ``located``: ``venv_host.py locate``'s answer with ``recorded``; ``profile``: the loaded profile.
+
+    Returns ``{status, changes, lines, refuse, message}``: ``refuse`` only when the host runs its recorded lock of
+    this profile in sync, the plan differs in its wheels, neither the profile nor the plan's platform is known to
+    have changed since that lock was planned (this controller's copy of it says), and ``accept`` is false."""
+    located = located or {}
+    record = located.get("recorded") or {}
+    name = profile.get("name") if isinstance(profile, dict) else str(profile)
+    result = {"status": SAME, "changes": [], "lines": [], "refuse": False, "message": ""}
+    lock = lf.recorded_lock(record, name)
+    if lock.get("no_lock"):
+        return dict(result, status=NO_LOCK)
+    if lock["hash"] == plan.get("hash"):
+        return result
+    if not runs_lock(located, lock):
+        return dict(result, status=NOT_RUNNING)
+    doc = planned_file(controller_dir, lock["venv_name"])
+    entry = _entry_of(doc, lock["venv_name"], lock["hash"])
+    if entry is not None and isinstance(profile, dict) and doc["profile"].get("hash") != lf.profile_hash(profile):
+        return dict(result, status=PROFILE_CHANGED)
+    if entry is not None and entry.get("platform") != plan.get("platform"):
+        return dict(result, status=PLATFORM_CHANGED)
+    files = {canonical_name(p["name"]): p.get("filename") for p in (entry or {}).get("packages") or []}
+    hashes = recorded_hashes(record.get("lock_text"))
+    old = [
+        {
+            "name": p["name"],
+            "version": p["version"],
+            "sha256": hashes.get(canonical_name(p["name"])),
+            "filename": files.get(canonical_name(p["name"])),
+        }
+        for p in lock["packages"]
+    ]
+    changes = classify(_packages(old), _packages(plan.get("packages")))
+    if not changes:
+        return dict(result, status=SAME_WHEELS)
+    lines = [change_line(c) for c in changes]
+    kept = os.path.join(str(controller_dir), "locks", lock["venv_name"] + ".lock.yml")
+    unknown = (
+        ""
+        if entry is not None
+        else f" (this controller holds no copy of that lock, {kept}, so a change of the profile since cannot be told"
+        " from a change of the indexes)"
+    )
+    message = (
+        f"{host}: the indexes changed since this host's lock {lock['venv_name']}, which it runs in sync; a plan made"
+        f" now would move it to {plan.get('venv_name')}: {'; '.join(lines)}. Without a lock file a re-run does not"
+        f" move a host because an index changed{unknown}; {FIX}. Nothing was changed"
+    )
+    return dict(result, status=MOVED, changes=changes, lines=lines, refuse=not accept, message=message)
