@@ -113,13 +113,14 @@ class Client:
             sleep(interval)
 
     # -- generation -----------------------------------------------------------------------------
-    def generate(self, prompt, max_new_tokens):
-        """Stream one request through SGLang's native /generate (meta_info has spec_verify_ct)."""
-        body = {
-            "text": prompt,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-            "stream": True,
-        }
+    def generate(self, prompt, max_new_tokens, sampling=None):
+        """Stream one request through SGLang's native /generate (meta_info has spec_verify_ct).
+
+        Greedy by default; ``sampling`` (temperature, top_p, top_k) asks for a sampled request, which runs the
+        server's sampling kernels (the warm-up sends both)."""
+        params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+        params.update(sampling or {})
+        body = {"text": prompt, "sampling_params": params, "stream": True}
         return self._stream("/generate", body, self._generate_event)
 
     def completion(self, prompt, max_tokens, model):

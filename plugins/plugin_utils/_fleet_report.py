@@ -62,6 +62,58 @@ def bench_of(facts) -> dict:
     return {"before_tok_s": before, "after_tok_s": after, "change_pct": change}
 
 
+RETURN_EDGES = (("process_up", "stop -> process up"), ("health", "process up -> /health"), ("warm", "/health -> warm"))
+
+
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return round(float(value), 1)
+
+
+def return_of(facts) -> dict:
+    """The host's time back to service from the post-check's warm-up (``postcheck_result.warmup``): each edge (stop
+    -> process up -> /health -> warm), the total, the figure recorded before the upgrade and their ratio, and the
+    kernels compiled during the warm-up and in its last pass (after which the host undrains)."""
+    warmup = ((facts if isinstance(facts, dict) else {}).get("postcheck_result") or {}).get("warmup") or {}
+    ret = warmup.get("return") if isinstance(warmup.get("return"), dict) else {}
+    edges = ret.get("edges") if isinstance(ret.get("edges"), dict) else {}
+    before = ret.get("before") if isinstance(ret.get("before"), dict) else {}
+    passes = (warmup.get("warmup") or {}) if isinstance(warmup.get("warmup"), dict) else {}
+    total, before_s = _number(edges.get("total_s")), _number(before.get("total_s"))
+    return {
+        "edges": [{"name": label, "key": key, "s": _number(edges.get(key))} for key, label in RETURN_EDGES],
+        "total_s": total,
+        "before_s": before_s,
+        "ratio": round(total / before_s, 2) if total and before_s else None,
+        "warm": passes.get("warm") if isinstance(passes.get("warm"), bool) else None,
+        "passes": len(passes.get("passes") or []),
+        "kernels_compiled": len(passes.get("kernels") or []),
+        "compiled_after_warmup": [str(k) for k in passes.get("compiled_after_warmup") or []],
+    }
+
+
+def return_text(ret) -> str:
+    """``41 s (1.05x of 39 s before)`` for the tables; '-' without a figure."""
+    if not ret or ret.get("total_s") is None:
+        return "-"
+    text = seconds(ret["total_s"])
+    if ret.get("ratio") is not None:
+        text += f" ({ret['ratio']:.2f}x of {seconds(ret['before_s'])} before)"
+    return text
+
+
+def return_edges_text(ret) -> str:
+    """``stop -> process up 2 s, process up -> /health 3 s, /health -> warm 9 s; 2 kernel(s) compiled, 0 after``."""
+    if not ret or ret.get("total_s") is None:
+        return ""
+    parts = [f"{e['name']} {seconds(e['s'])}" for e in ret["edges"] if e["s"] is not None]
+    late = ret["compiled_after_warmup"]
+    tail = f"{ret['kernels_compiled']} kernel(s) compiled in {ret['passes']} warm-up pass(es), "
+    tail += f"{len(late)} in the last ({', '.join(late)})" if late else "none in the last"
+    return ", ".join(parts) + "; " + tail
+
+
 def _gate(name, status, message=""):
     return {"name": name, "status": status, "message": " ".join(str(message or "").split())}
 
@@ -262,6 +314,7 @@ def host_record(host, report, facts=None, timeline=None) -> dict:
         # Check mode stops and restarts nothing: no downtime to speak of.
         "downtime_s": None if body["check_mode"] else times["downtime_s"],
         "bench": bench_of(facts),
+        "return": return_of(facts),
     }
     return record
 
@@ -342,7 +395,11 @@ def bench_text(bench) -> str:
 
 
 def to_markdown(doc) -> str:
-    return _environment(False).get_template("report.md.j2").render(doc=doc, bench_text=bench_text)
+    return (
+        _environment(False)
+        .get_template("report.md.j2")
+        .render(doc=doc, bench_text=bench_text, return_text=return_text, return_edges_text=return_edges_text)
+    )
 
 
 CHART = {"label_w": 150, "bar_w": 360, "value_w": 90, "bar_h": 11, "gap": 6, "top": 24}
@@ -373,7 +430,13 @@ def to_html(doc) -> str:
     return (
         _environment(True)
         .get_template("report.html.j2")
-        .render(doc=doc, chart=chart(doc["hosts"]), bench_text=bench_text)
+        .render(
+            doc=doc,
+            chart=chart(doc["hosts"]),
+            bench_text=bench_text,
+            return_text=return_text,
+            return_edges_text=return_edges_text,
+        )
     )
 
 
@@ -412,6 +475,18 @@ def to_junit(doc) -> str:
         props = ET.SubElement(suite, "properties")
         for name in ("run_id", "profile", "outcome_kind", "backup_id"):
             ET.SubElement(props, "property", {"name": name, "value": str(record[name])})
+        ret = record.get("return") or {}
+        if ret.get("total_s") is not None:
+            ET.SubElement(props, "property", {"name": "return_to_service_s", "value": f"{ret['total_s']:g}"})
+            for edge in (e for e in ret["edges"] if e["s"] is not None):
+                ET.SubElement(props, "property", {"name": f"return_{edge['key']}_s", "value": f"{edge['s']:g}"})
+            if ret.get("before_s") is not None:
+                ET.SubElement(props, "property", {"name": "return_before_s", "value": f"{ret['before_s']:g}"})
+            ET.SubElement(
+                props,
+                "property",
+                {"name": "kernels_compiled_after_warmup", "value": str(len(ret["compiled_after_warmup"]))},
+            )
         for name, status, message, took in cases:
             case = ET.SubElement(
                 suite,
@@ -462,6 +537,23 @@ def textfile(record, now=None) -> str:
             "# HELP gpufleet_postcheck_output_tokens_per_second Output tok/s of the last post-check benchmark.",
             "# TYPE gpufleet_postcheck_output_tokens_per_second gauge",
             f"gpufleet_postcheck_output_tokens_per_second {after:g}",
+        ]
+    ret = record.get("return") or {}
+    if ret.get("total_s") is not None:
+        lines += [
+            "# HELP gpufleet_return_to_service_seconds The last switch's time back to service per edge (stop -> process"
+            ' up -> /health -> warm) and in all (edge="total"); before: the host\'s figure from before the switch.',
+            "# TYPE gpufleet_return_to_service_seconds gauge",
+        ]
+        for edge in (e for e in ret["edges"] if e["s"] is not None):
+            lines.append(f'gpufleet_return_to_service_seconds{{edge="{edge["key"]}"}} {edge["s"]:g}')
+        lines.append(f'gpufleet_return_to_service_seconds{{edge="total"}} {ret["total_s"]:g}')
+        if ret.get("before_s") is not None:
+            lines.append(f'gpufleet_return_to_service_seconds{{edge="before"}} {ret["before_s"]:g}')
+        lines += [
+            "# HELP gpufleet_jit_kernels_compiled_after_warmup Kernels the server built in the warm-up's last pass.",
+            "# TYPE gpufleet_jit_kernels_compiled_after_warmup gauge",
+            f"gpufleet_jit_kernels_compiled_after_warmup {len(ret['compiled_after_warmup'])}",
         ]
     return "\n".join(lines) + "\n"
 

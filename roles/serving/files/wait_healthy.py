@@ -3,7 +3,9 @@
 """Wait until a serving unit answers GET /health with 200; give up early when the unit has died.
 
 Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S (the role runs it as python3 -c <this file> URL UNIT TIMEOUT_S).
-Prints one JSON line; exit 0 healthy, 2 timeout, 3 unit failed.
+Prints one JSON line; exit 0 healthy, 2 timeout, 3 unit failed. Healthy, it also says when (``health_monotonic``, the
+host's CLOCK_MONOTONIC) and systemd's times of the unit's last stop and start on the same clock (``times``), with the
+boot they belong to: the edges of the return to service (plugins/module_utils/_return.py reads them).
 Polling the unit's state too is the point: a crashed server is reported at once instead of after the
 whole health timeout (which is minutes for a real model).
 It polls every 0.1 s for the first 10 s, then every second (poll_intervals): the wait is part of the host's
@@ -26,6 +28,24 @@ def unit_state(unit):
         check=False,
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+RETURN_PROPERTIES = "ActiveExitTimestampMonotonic,InactiveExitTimestampMonotonic,ExecMainStartTimestampMonotonic"
+
+
+def return_times(unit):
+    out = subprocess.run(
+        ["systemctl", "show", unit, "--property=" + RETURN_PROPERTIES], capture_output=True, text=True, check=False
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def health(opener, url):
@@ -58,7 +78,19 @@ def main():
         ok, seen = health(opener, url)
         waited = round(time.monotonic() - start, 1)
         if ok:
-            print(json.dumps({"healthy": True, "waited_s": waited, "url": url}))
+            answered = time.monotonic()
+            print(
+                json.dumps(
+                    {
+                        "healthy": True,
+                        "waited_s": waited,
+                        "url": url,
+                        "health_monotonic": answered,
+                        "times": return_times(unit),
+                        "boot_id": boot_id(),
+                    }
+                )
+            )
             return 0
         state = unit_state(unit)
         restarting = state.get("SubState") == "auto-restart" or state.get("NRestarts", "0") != restarts_before

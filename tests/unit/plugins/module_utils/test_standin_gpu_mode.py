@@ -35,7 +35,7 @@ def sleeping_worker(rank, gpu_index, cfg, conn):
         message = conn.recv()
         if message[0] == "stop":
             return
-        _kind, prefill, batch = message
+        _kind, prefill, batch = message[:3]
         cost = TARGET_S * (prefill > 0)
         if batch:
             cost += TARGET_S + (cfg.draft_passes() * DRAFT_S if cfg.speculative else 0.0)

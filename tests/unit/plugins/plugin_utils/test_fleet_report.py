@@ -327,7 +327,7 @@ def test_markdown_has_a_row_per_host_with_its_figures(doc):
     md = fr.to_markdown(doc)
     rows = [line for line in md.splitlines() if re.match(r"^\| n\d \|", line)]
     assert len(rows) == 6
-    assert rows[0] == ("| n1 | ok | upgraded | 54.1 -> 96.1 tok/s (+77.6 %) | 18 s | 7 m 45 s | B-n1 |")
+    assert rows[0] == ("| n1 | ok | upgraded | 54.1 -> 96.1 tok/s (+77.6 %) | 18 s | - | 7 m 45 s | B-n1 |")
     assert "| rollback | 25 s | rolled back to backup B-n2 |" in md
     assert "- serving venv link: current is lab-cu128-seed" in md
 

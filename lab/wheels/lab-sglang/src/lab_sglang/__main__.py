@@ -19,10 +19,12 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from lab_sglang import __version__
 from lab_sglang.gpu import Engine, GpuConfig, WorkerError
-from lab_sglang.server import FAULTS, Config, make_server
+from lab_sglang.jit import LabJit, cache_root
+from lab_sglang.server import FAULTS, Config, installed_distributions, make_server
 from lab_sglang.stack import NEW_SGLANG, resolve_rates, version_tuple
 
 LOG = logging.getLogger("lab_sglang")
@@ -64,6 +66,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=float(env("LAB_SGLANG_STARTUP_S", "1.0")),
         help="seconds before /health answers 200",
+    )
+    lab.add_argument(
+        "--lab-load-s",
+        type=float,
+        default=float(env("LAB_SGLANG_LOAD_S", "0")),
+        help="seconds the server loads (weights, CUDA graphs) before it binds its port",
+    )
+    lab.add_argument(
+        "--lab-jit-compile-s",
+        type=float,
+        default=float(env("LAB_SGLANG_JIT_COMPILE_S", "0")),
+        help="lab mode: seconds each kernel a new request shape needs takes to JIT-compile (its cache entry is "
+        "written either way; 'off' via --lab-no-jit)",
+    )
+    lab.add_argument(
+        "--lab-no-jit",
+        action="store_true",
+        default=env("LAB_SGLANG_JIT", "1") == "0",
+        help="lab mode: model no JIT cache",
     )
     lab.add_argument("--lab-fault", choices=FAULTS, default=env("LAB_SGLANG_FAULT", "none"))
     lab.add_argument(
@@ -180,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         # 0.0.0 is a source tree, not a build of an old version: answer as the newest does.
         server_info_path=__version__ == "0.0.0" or version_tuple(__version__) >= NEW_SGLANG,
     )
+    if args.lab_load_s > 0:
+        LOG.info("loading weights and capturing CUDA graphs (lab: %.1f s)", args.lab_load_s)
+        time.sleep(args.lab_load_s)
+    if gpu_args is None and not args.lab_no_jit:
+        flashinfer = installed_distributions().get("lab-flashinfer-python", "0.0.0")
+        config.jit = LabJit(cache_root(), flashinfer, args.lab_jit_compile_s)
     engine = None
     if gpu_args is not None:
         gpu = gpu_config(args, gpu_args, config)

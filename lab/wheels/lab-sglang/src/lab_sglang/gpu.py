@@ -116,6 +116,7 @@ class _Model:
         for tensor in (self.target, self.draft, self.x):
             tensor.normal_(0.0, 0.02, generator=gen)
         torch.cuda.synchronize(device)
+        self.kernels = FlashInferKernels.load(torch, device)
         self.info = {
             "device": torch.cuda.get_device_name(device),
             "total_bytes": total,
@@ -123,6 +124,7 @@ class _Model:
             "weight_bytes": lay["sizes"]["target"] + lay["sizes"]["draft"],
             "target_cols": lay["target_cols"],
             "draft_cols": lay["draft_cols"],
+            "flashinfer": self.kernels.version if self.kernels is not None else None,
         }
 
     def _pass(self, weights, rows, chunk):
@@ -133,9 +135,12 @@ class _Model:
             self.torch.matmul(self.x[:n], weights, out=flat[: n * cols].view(n, cols))
             rows -= n
 
-    def step(self, prefill_tokens: int, batch: int) -> None:
-        """One scheduler iteration: the prefill of newly admitted prompts, then one decode step of the batch."""
+    def step(self, prefill_tokens: int, batch: int, sampled: bool = False) -> None:
+        """One scheduler iteration: the prefill of newly admitted prompts, then one decode step of the batch (with
+        the batch's attention and, when a request samples, its sampler: FlashInfer kernels where it is installed)."""
         cfg = self.cfg
+        if self.kernels is not None:
+            self.kernels.step(prefill_tokens, batch, sampled)
         if prefill_tokens:
             self._pass(self.target, prefill_tokens, PREFILL_ROWS)
         if batch:
@@ -146,6 +151,44 @@ class _Model:
             else:
                 self._pass(self.target, batch, DECODE_ROWS)
         self.torch.cuda.synchronize()
+
+
+class FlashInferKernels:
+    """The FlashInfer kernels a serving step runs, as SGLang runs them: batch attention of a decode step (a paged
+    decode), a prefill's attention, and top-k/top-p sampling when a request samples. Each JIT-compiles the first time
+    it runs (FlashInfer's cache folder: $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) unless the cache holds it."""
+
+    HEADS_QO, HEADS_KV, HEAD_DIM, KV_LEN, VOCAB = 32, 8, 128, 256, 32000
+
+    def __init__(self, torch, flashinfer, device):
+        self.torch, self.fi, self.device = torch, flashinfer, device
+        self.version = getattr(flashinfer, "__version__", "?")
+        opts = {"dtype": torch.bfloat16, "device": device}
+        self.q = torch.randn(self.HEADS_QO, self.HEAD_DIM, **opts)
+        self.k = torch.randn(self.KV_LEN, self.HEADS_KV, self.HEAD_DIM, **opts)
+        self.v = torch.randn(self.KV_LEN, self.HEADS_KV, self.HEAD_DIM, **opts)
+        self.qp = torch.randn(16, self.HEADS_QO, self.HEAD_DIM, **opts)
+        self.probs = torch.softmax(torch.randn(MAX_RUNNING, self.VOCAB, device=device), dim=-1)
+
+    @classmethod
+    def load(cls, torch, device):
+        if os.environ.get("LAB_SGLANG_FLASHINFER", "1") == "0":
+            return None
+        try:
+            import flashinfer
+        except ImportError:
+            LOG.warning("GPU mode without flashinfer: no JIT-compiled kernels run")
+            return None
+        return cls(torch, flashinfer, device)
+
+    def step(self, prefill_tokens: int, batch: int, sampled: bool) -> None:
+        fi = self.fi
+        if prefill_tokens:
+            fi.single_prefill_with_kv_cache(self.qp, self.k, self.v, causal=True)
+        if batch:
+            fi.single_decode_with_kv_cache(self.q, self.k, self.v)
+            if sampled:
+                fi.sampling.top_k_top_p_sampling_from_probs(self.probs[:batch], 20, 0.9)
 
 
 def worker_main(rank: int, gpu: int, cfg: GpuConfig, conn) -> None:
@@ -203,8 +246,9 @@ def _count_gpus(conn) -> None:
 
 
 class _Request:
-    def __init__(self, prompt_tokens: int, sizes):
+    def __init__(self, prompt_tokens: int, sizes, sampled: bool = False):
         self.prompt_tokens = prompt_tokens
+        self.sampled = sampled
         self.sizes = tuple(sizes)
         self.next = 0
         self.events: queue.Queue = queue.Queue()
@@ -278,11 +322,11 @@ class Engine:
                 proc.join(5)
 
     # requests
-    def ticks(self, prompt_tokens: int, sizes):
+    def ticks(self, prompt_tokens: int, sizes, sampled: bool = False):
         """Yield once per chunk (``sizes``: tokens of each step, ``timing.step_sizes``), as soon as the GPU step that
         makes it has finished. Closing the generator early (a client gone, a stream cut) takes the request out.
         """
-        request = _Request(prompt_tokens, sizes)
+        request = _Request(prompt_tokens, sizes, sampled)
         if not request.sizes:
             return
         with self._cond:
@@ -304,10 +348,10 @@ class Engine:
         self._procs[rank].join(1)
         return WorkerError(f"TP{rank} exited (exit code {self._procs[rank].exitcode})")
 
-    def _step(self, prefill_tokens: int, batch: int) -> None:
+    def _step(self, prefill_tokens: int, batch: int, sampled: bool = False) -> None:
         for rank, conn in enumerate(self._conns):
             try:
-                conn.send(("step", prefill_tokens, batch))
+                conn.send(("step", prefill_tokens, batch, sampled))
             except OSError as exc:
                 raise self._exited(rank) from exc
         for rank, conn in enumerate(self._conns):
@@ -332,7 +376,9 @@ class Engine:
                 self._running.extend(r for r in admitted if not r.cancelled)
                 batch = list(self._running)
             try:
-                self._step(sum(r.prompt_tokens for r in admitted if not r.cancelled), len(batch))
+                self._step(
+                    sum(r.prompt_tokens for r in admitted if not r.cancelled), len(batch), any(r.sampled for r in batch)
+                )
             except WorkerError as exc:
                 self._fail(str(exc))
                 return

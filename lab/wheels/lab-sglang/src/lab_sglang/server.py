@@ -23,6 +23,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from lab_sglang.jit import kernels_for
 from lab_sglang.stack import Rates
 from lab_sglang.timing import Schedule, build_schedule, prompt_token_count
 
@@ -74,6 +75,8 @@ class Config:
     server_info_path: bool = True
     # GPU mode (gpu.Engine, started): chunks come when the GPU has made them, not at the schedule's offsets.
     engine: object | None = None
+    # Lab mode's JIT cache (jit.LabJit): the first request of a shape compiles its kernels; None = no JIT modelled.
+    jit: object | None = None
 
     @property
     def speculative(self) -> bool:
@@ -385,8 +388,8 @@ class Handler(BaseHTTPRequestHandler):
         )
         return schedule, prompt_tokens
 
-    def _run(self, prompt: str, max_tokens: int, emit, finish, stream: bool) -> None:
-        """Common request life cycle: fault injection, timing, counters."""
+    def _run(self, prompt: str, max_tokens: int, emit, finish, stream: bool, sampled: bool = False) -> None:
+        """Common request life cycle: fault injection, the JIT compile of a new shape, timing, counters."""
         number, active = self.state.begin()
         schedule = None
         clock = None
@@ -407,11 +410,18 @@ class Handler(BaseHTTPRequestHandler):
                 return
             if fault == "slow":
                 time.sleep(self.state.config.slow_s)
+            cfg = self.state.config
+            if cfg.jit is not None:
+                cfg.jit.ensure(kernels_for(sampled, active, cfg.speculative, cfg.draft_tokens))
             schedule, prompt_tokens = self._schedule(prompt, max_tokens, active)
             seed = sum(prompt.encode()) % len(WORDS)
             start = time.monotonic()
             engine = self.state.config.engine
-            clock = _Clock(schedule, start) if engine is None else _GpuClock(engine, schedule, prompt_tokens, start)
+            clock = (
+                _Clock(schedule, start)
+                if engine is None
+                else _GpuClock(engine, schedule, prompt_tokens, start, sampled)
+            )
             if stream:
                 self._start_stream()
                 cut_at = max(1, len(schedule.chunks) // 2) if fault == "stream_cut" else None
@@ -534,7 +544,7 @@ class Handler(BaseHTTPRequestHandler):
                 "meta_info": self._meta(rid, prompt_tokens, n, schedule, True, time.monotonic() - start),
             }
 
-        self._run(text, max_tokens, emit, finish, bool(body.get("stream")))
+        self._run(text, max_tokens, emit, finish, bool(body.get("stream")), is_sampled(params))
 
     def completions(self, body: dict) -> None:
         prompt = body.get("prompt")
@@ -611,7 +621,15 @@ class Handler(BaseHTTPRequestHandler):
             choice["matched_stop"] = None
             return {**chunk([choice], openai_usage(prompt_tokens, n)), "object": obj, "metadata": None}
 
-        self._run(prompt, max_tokens, emit, finish, bool(body.get("stream")))
+        self._run(prompt, max_tokens, emit, finish, bool(body.get("stream")), is_sampled(body))
+
+
+def is_sampled(params: dict) -> bool:
+    """A request that samples (temperature above 0; SGLang's default is 1.0) rather than decoding greedily."""
+    try:
+        return float(params.get("temperature", 1.0)) > 0
+    except (TypeError, ValueError):
+        return True
 
 
 def openai_usage(prompt_tokens: int, completion_tokens: int, drop_none: bool = False) -> dict:
@@ -675,10 +693,10 @@ class _Clock:
 class _GpuClock:
     """GPU mode: chunk k is due when the engine's GPU step that makes it has finished; offsets are measured."""
 
-    def __init__(self, engine, schedule: Schedule, prompt_tokens: int, start: float):
+    def __init__(self, engine, schedule: Schedule, prompt_tokens: int, start: float, sampled: bool = False):
         self.start = start
         self.offsets: list[float] = []
-        self.ticks = engine.ticks(prompt_tokens, schedule.chunks)
+        self.ticks = engine.ticks(prompt_tokens, schedule.chunks, sampled)
 
     def wait(self, _index: int) -> None:
         next(self.ticks)
