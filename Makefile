@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help setup demo lab-up lab-down mirrors test lint sanity unit molecule integration integration-long matrix matrix-ci fault-injection-doc build clean
+.PHONY: help setup demo lab-up lab-down mirrors test lint sanity unit molecule integration integration-long matrix matrix-ci fault-injection-doc bench-real-stack build clean
 
 help:
 	@echo "make demo   - bring up a lab fleet ($(LAB_NODES) hosts) and upgrade it end to end with playbooks/upgrade.yml"
@@ -108,6 +108,13 @@ matrix-ci: setup
 fault-injection-doc: mirrors
 	GPUFLEET_UPDATE_DOCS=1 $(PY) -m pytest tests/integration/test_fault_injection.py \
 	  tests/integration/test_recovery_matrix.py -q $(PYTEST_ARGS)
+
+## Not in CI: the real cu130-sglang0523 stack planned on the default index (plan.yml, a lock file) and upgraded on
+## REAL_STACK_HOSTS lab hosts through an nginx site cache, audited, one rolled back (bench/real_stack.py --hosts; about
+## 70 GB of disk for 4 hosts, fewer hosts when less is free; an hour or more on a 2-core machine). docs/profiles.md.
+REAL_STACK_HOSTS ?= 4
+bench-real-stack: mirrors
+	nice -n 10 $(PY) bench/real_stack.py --hosts $(REAL_STACK_HOSTS)
 
 build: setup
 	ansible-galaxy collection build --force --output-path build/

@@ -33,6 +33,24 @@ profile version is on another index only: it replaces the profile's spec and its
 builds older than the profile's max_age_days through (a profile of an earlier stack). The output lists each change.
 It proves that the profile's pins and overrides resolve together and keep one CUDA major; it does not prove that
 the other indexes serve the files the profile names.
+
+--hosts N runs the lock-file flow instead, as an operator runs it (make bench-real-stack; not in CI):
+1. N lab nodes (lab realstack, the old lab stack seeded, the profile's Python given as above), a fresh controller
+   folder and a real nginx site cache over it (lab/site_cache.py, cold). 2. playbooks/plan.yml over the N hosts writes
+   the lock file of the profile (its lab copy: the shipped wheels section, the lab's cuda/gpu/postcheck/serving) on
+   the default index, the wheels fetched once into the controller's wheelhouse (the site cache's origin).
+3. playbooks/upgrade.yml -e gpufleet_lock_file=... upgrades the N hosts in one batch, every wheel and toolkit archive
+   pulled through the site cache (gpufleet_fleet_cache_url). 4. Measured: upstream bytes (the origin's log: what left
+   the controller's wheelhouse for the cache; the wheelhouse's bytes: what the default index sent once), bytes each
+   host pulled, the build's steps per host, venv size on disk against the lock's installed sizes and the disk gate's
+   estimate, bytecode (compileall into an empty cache), import time of torch and sglang, the site cache's hit rate.
+   Imports that need libcuda.so.1 (the driver; a lab node has none) are judged again with NVIDIA's stub libcuda.so
+   (the CUDA toolkit's targets/*/lib/stubs/libcuda.so, which answers every call CUDA_ERROR_STUB_LIBRARY): --stub PATH,
+   else the first wheel of the controller's wheelhouse that carries one. 5. audit.yml --check over the N hosts
+   (every host in sync), rollback.yml of the last host, audit again. 6. On the rolled-back host, the same lock built
+   twice more from the host's wheelhouse with empty tool caches: the role (venv_rebuild, given the lock, no switch)
+   and ansible.builtin.pip (tests/integration/playbooks/venv_bench_pip.yml). If the disk would fall under 10 GB free,
+   it takes fewer hosts and says so. The heavy steps run at nice 10 (the node containers' processes reniced).
 """
 
 from __future__ import annotations
@@ -57,6 +75,7 @@ os.environ.setdefault("CONTAINERS_CONF", str(REPO / "lab" / "containers.conf"))
 
 from bench.venv_rebuild import SERVING, UV, build_steps, task_durations  # noqa: E402
 from lab import mirrors, nodes  # noqa: E402
+from lab import site_cache as sc  # noqa: E402
 from lab.common import mirror_ports, podman  # noqa: E402
 from lab.harness import run_playbook  # noqa: E402
 
@@ -176,9 +195,11 @@ def give_python(node: str, version: str, prefix: str) -> str:
     return sh(node, f"/usr/bin/python{version} --version").stdout.strip()
 
 
-def timed_playbook(playbook: str, inventory: str, extra: dict, env: dict, check: bool = False):
+def timed_playbook(
+    playbook: str, inventory: str, extra: dict, env: dict, check: bool = False, limit: str | None = None
+):
     t0 = time.monotonic()
-    res = run_playbook(playbook, inventory, extra, check=check, envvars=env)
+    res = run_playbook(playbook, inventory, extra, check=check, diff=check, limit=limit, envvars=env)
     return res, round(time.monotonic() - t0, 1)
 
 
@@ -269,6 +290,9 @@ def main() -> int:
         action="store_true",
         help="when the upgrade rolled back, point current at the built venv for the audit timings only",
     )
+    ap.add_argument("--hosts", type=int, help="the lock-file flow over N lab hosts through a site cache (see above)")
+    ap.add_argument("--stub", help="with --hosts: NVIDIA's stub libcuda.so to judge driver imports with")
+    ap.add_argument("--no-compare", action="store_true", help="with --hosts: leave out the role/pip build timings")
     args = ap.parse_args()
 
     work = Path(args.work).resolve()
@@ -276,6 +300,8 @@ def main() -> int:
     controller.mkdir(parents=True, exist_ok=True)
     env = {"UV_CACHE_DIR": str(work / "uv-cache")}
     real = (REPO / args.profile).resolve()
+    if args.hosts:
+        return fleet(args, real, work, env)
     if args.plan_only:
         changes = []
         if args.default_index_only:
@@ -422,6 +448,390 @@ def upgrade(node: str, inventory: str, extra: dict, env: dict, controller: Path)
         out["outcome"] = report.get("outcome")
         out["phases"] = report.get("phases")
     return out
+
+
+# --- --hosts N: the lock-file flow through a site cache ------------------------------------------------------------
+
+GB = 1e9
+SPACE_FACTOR = 1.5  # role preflight's preflight_space_factor default
+FREE_FLOOR = 10 * GB  # the bench takes fewer hosts rather than leave this machine less free disk than this
+BUILD_TASK = "Pull the locked wheels, build the new venv and verify it"
+ROLE_BUILD_PLAYBOOK = "bench/real_stack_build.yml"
+PIP_PLAYBOOK = "tests/integration/playbooks/venv_bench_pip.yml"
+PIP_TASK = "Install the lock with ansible.builtin.pip"
+PIP_MODULE_PY = "/opt/gpufleet/bench-ansible-py"
+STUB_DIR = "/opt/gpufleet-bench/libcuda-stub"
+VERIFIER = REPO / "roles" / "venv_rebuild" / "files" / "verify_venv.py"
+
+
+def renice(hosts: list[str], niceness: int = 10) -> list[int]:
+    """Renice every process of the nodes' containers (their sshd: the sessions Ansible opens inherit it), so the
+    heavy host steps run at the bench's nice on this shared machine. Only this lab's containers are touched."""
+    pids = []
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in table.splitlines():
+        pid, ppid = (int(x) for x in line.split())
+        children.setdefault(ppid, []).append(pid)
+    for host in hosts:
+        root = int(podman("inspect", "-f", "{{.State.Pid}}", host, capture=True).stdout.strip())
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            todo += children.get(pid, [])
+    subprocess.run(["renice", "-n", str(niceness), "-p", *map(str, pids)], capture_output=True, check=False)
+    return pids
+
+
+def host_task_s(res, task: str, host: str) -> float:
+    """Seconds ``host`` spent in the tasks named ``task`` (ansible-runner's per-task durations)."""
+    total = 0.0
+    for ev in res.events:
+        data = ev.get("event_data", {})
+        if ev.get("event", "").startswith("runner_on_") and data.get("host") == host and task in data.get("task", ""):
+            total += float(data.get("duration") or 0)
+    return round(total, 1)
+
+
+def lock_entry(lock_file: Path) -> dict:
+    doc = yaml.safe_load(lock_file.read_text())
+    if len(doc["entries"]) != 1:
+        raise SystemExit(f"{lock_file}: {len(doc['entries'])} entries; the lab hosts are one platform")
+    return doc["entries"][0]
+
+
+def installed_bytes(entry: dict) -> tuple[int, int]:
+    """(the lock's installed sizes summed, entries without one), packages and tools, as preflight's disk gate sums."""
+    sizes = [e.get("installed_size") for e in entry["packages"] + entry["tools"]]
+    return sum(s or 0 for s in sizes), sum(1 for s in sizes if not isinstance(s, int))
+
+
+def results_with(res, key: str) -> dict:
+    """{host: the last result of any task that returned ``key``} (results nested in a loop included)."""
+    out = {}
+    for host, rows in res.results.items():
+        for row in rows:
+            found = [row.res, *((row.res or {}).get("results") or [])]
+            for item in found:
+                if isinstance(item, dict) and key in item:
+                    out[host] = item
+    return out
+
+
+def plan_step(inventory: str, base: dict, env: dict, controller: Path, lock_file: Path) -> dict:
+    res, wall = timed_playbook("playbooks/plan.yml", inventory, base, env)
+    out: dict = {"rc": res.rc, "wall_s": wall, "lock_file": str(lock_file)}
+    if res.rc != 0:
+        out["failed"] = sorted({f"{r.task}: {r.msg}" for rs in res.results.values() for r in rs if r.failed})[-3:]
+        return out
+    entry = lock_entry(lock_file)
+    installed, missing = installed_bytes(entry)
+    shown = [r.res.get("msg") for rs in res.results.values() for r in rs if "Show what the lock file" in r.task]
+    out.update(
+        packages=len(entry["packages"]),
+        tools=len(entry["tools"]),
+        venv_name=entry["venv_name"],
+        platform=entry["platform"],
+        python=entry["python"],
+        lock_wheel_bytes=sum(e.get("size") or 0 for e in entry["packages"] + entry["tools"]),
+        lock_installed_bytes=installed,
+        lock_entries_without_installed_size=missing,
+        # What the default index sent for the wheels: the fresh controller's wheelhouse, filled once by the plan.
+        wheelhouse_bytes=tree_bytes(controller / "wheelhouse"),
+        wheelhouse_files=len(list((controller / "wheelhouse").glob("*.whl"))),
+        plan_lines=(shown[0] if shown and isinstance(shown[0], list) else shown)[:12],
+        lock_rules=entry.get("lock_rules"),
+    )
+    return out
+
+
+def fit_hosts(hosts: list[str], entry: dict, work: Path) -> tuple[list[str], str]:
+    """The hosts the disk allows: each takes its venv (the lock's installed sizes) and its wheelhouse copy; the site
+    cache one more copy of the wheels. Fewer hosts (down to 1) when FREE_FLOOR would not stay free."""
+    wheels = sum(e.get("size") or 0 for e in entry["packages"] + entry["tools"])
+    per_host = installed_bytes(entry)[0] + wheels
+    free = shutil.disk_usage(work).free
+    count = len(hosts)
+    while count > 1 and free - wheels - count * per_host < FREE_FLOOR:
+        count -= 1
+    why = (
+        f"{free / GB:.1f} GB free; each host needs {per_host / GB:.1f} GB (venv + its wheelhouse), the site cache"
+        f" {wheels / GB:.1f} GB: {count} host(s) keep {(free - wheels - count * per_host) / GB:.1f} GB free"
+    )
+    return hosts[:count], why
+
+
+def upgrade_step(inventory: str, upvars: dict, env: dict, hosts: list[str], controller: Path) -> dict:
+    load_before = os.getloadavg()[1]
+    res, wall = timed_playbook("playbooks/upgrade.yml", inventory, upvars, env, limit=",".join(hosts))
+    builds = {h: r for h, r in results_with(res, "not_judged").items()}
+    out: dict = {
+        "rc": res.rc,
+        "wall_s": wall,
+        "load_avg_5m": [round(load_before, 1), round(os.getloadavg()[1], 1)],
+        "build_steps_s": {h: b.get("seconds") for h, b in builds.items()},
+        "not_judged": {h: b.get("not_judged") for h, b in builds.items()},
+        "build_task_s": {h: host_task_s(res, BUILD_TASK, h) for h in hosts},
+        "top_tasks_s": dict(sorted(task_durations(res).items(), key=lambda kv: -kv[1])[:8]),
+    }
+    if res.rc != 0:
+        out["failed"] = [f"{r.host}: {r.task}: {r.msg}" for rs in res.results.values() for r in rs if r.failed][-4:]
+        out["tail"] = res.stdout[-3000:]
+    out["outcomes"] = {}
+    for host in hosts:
+        reports = sorted((controller / "runs").glob(f"*/{host}.json"), key=lambda p: p.stat().st_mtime)
+        out["outcomes"][host] = json.loads(reports[-1].read_text()).get("outcome") if reports else None
+    return out
+
+
+def host_bytes(host: str, paths: list[str]) -> dict:
+    got = sh(host, f"du -sb {' '.join(paths)} 2>/dev/null; find {paths[0]} -type f | wc -l").stdout.split()
+    sizes = {path: int(size) for size, path in zip(got[0:-1:2], got[1:-1:2], strict=True)}
+    return {"bytes": sizes, "venv_files": int(got[-1])}
+
+
+def find_stub(wheelhouse: Path) -> tuple[Path | None, str]:
+    """NVIDIA's stub libcuda.so from the first wheel of ``wheelhouse`` that carries one (…/lib/stubs/libcuda.so)."""
+    import zipfile
+
+    for wheel in sorted(wheelhouse.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as zf:
+            for name in zf.namelist():
+                if name.endswith("stubs/libcuda.so"):
+                    dest = wheelhouse.parent / "libcuda-stub" / "libcuda.so"
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(zf.read(name))
+                    return dest, f"{wheel.name}: {name}"
+    return None, f"no wheel of {wheelhouse} carries stubs/libcuda.so"
+
+
+STUB_PROBE = (
+    "import ctypes,sys; lib=ctypes.CDLL(sys.argv[1]); rc=lib.cuInit(0); n=ctypes.c_int(-1);"
+    " rc2=lib.cuDeviceGetCount(ctypes.byref(n)); print(rc, rc2, n.value)"
+)
+
+
+def give_stub(host: str, stub: Path, python: str) -> dict:
+    """The stub as libcuda.so.1 in a folder of its own on the host, and what it answers (CUDA_ERROR_STUB_LIBRARY is
+    34: the stub resolves every driver symbol and fails every call)."""
+    sh(host, f"mkdir -p {STUB_DIR}")
+    podman("cp", str(stub), f"{host}:{STUB_DIR}/libcuda.so")
+    sh(host, f"ln -sf libcuda.so {STUB_DIR}/libcuda.so.1")
+    probe = sh(host, f"{python} -c {shlex.quote(STUB_PROBE)} {STUB_DIR}/libcuda.so.1").stdout.split()
+    return {"cuInit": probe[0] if probe else None, "cuDeviceGetCount": probe[1:] if probe else None}
+
+
+def verify_with_stub(host: str, venv: str, entry: dict, profile: dict) -> dict:
+    """The venv check (verify_venv.py, as the build runs it) again with the stub on LD_LIBRARY_PATH and a GPU
+    required: what the driver-less host listed as not judged is then imported with every driver symbol resolved."""
+    pkgs = profile["wheels"]["packages"]
+    spec = {
+        "packages": {p["name"]: p["version"] for p in entry["packages"]},
+        "imports": [p["name"] for p in pkgs],
+        "torch_like": [p["name"] for p in pkgs if p["name"] == "torch" or p["name"].endswith(("-torch", "_torch"))],
+        "cuda_version": profile["cuda"]["version"],
+        "local_tags": {p["name"]: p["local_tag"] for p in pkgs if p.get("local_tag")},
+        "same_version": (profile["wheels"].get("rules") or {}).get("same_version") or [],
+        "gpu_required": True,
+    }
+    podman("cp", str(VERIFIER), f"{host}:/tmp/verify_venv.py")
+    cmd = f"LD_LIBRARY_PATH={STUB_DIR} {venv}/bin/python /tmp/verify_venv.py {shlex.quote(json.dumps(spec))}"
+    t0 = time.monotonic()
+    got = sh(host, cmd, timeout=1800)
+    try:
+        answer = json.loads(got.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        answer = {"raw": (got.stdout + got.stderr)[-2000:]}
+    return {"rc": got.returncode, "s": round(time.monotonic() - t0, 1), "answer": answer}
+
+
+def timed_imports(host: str, venv: str, modules: list[str], env: str = "") -> dict:
+    """Each import in its own process, twice (the second reads the bytecode the first may have written)."""
+    out = {}
+    for module in modules:
+        probe = (
+            f"for i in 1 2; do s=$(date +%s.%N); {env} {venv}/bin/python -c {shlex.quote('import ' + module)}"
+            ' >/tmp/imp.out 2>&1; rc=$?; e=$(date +%s.%N); python3 -c "print($e - $s, $rc)"; done;'
+            ' grep -E "Error|error" /tmp/imp.out | tail -n 2'
+        )
+        lines = sh(host, probe, timeout=900).stdout.splitlines()
+        (first, rc), (second, _rc) = lines[0].split(), lines[1].split()
+        row = {"ok": rc == "0", "s": [round(float(first), 2), round(float(second), 2)]}
+        out[module] = {**row, **({"error": lines[2:]} if rc != "0" else {})}
+    return out
+
+
+def audit_step(inventory: str, base: dict, env: dict, hosts: list[str]) -> dict:
+    res, wall = timed_playbook("playbooks/audit.yml", inventory, base, env, check=True, limit=",".join(hosts))
+    verdicts = res.audit_reports() if res.rc == 0 else {}
+    summary = [line for line in res.stdout.splitlines() if "audited," in line]
+    return {
+        "rc": res.rc,
+        "wall_s": wall,
+        "in_sync": {h: r.get("in_sync") for h, r in verdicts.items()},
+        "drift": {h: r.get("drift", [])[:4] for h, r in verdicts.items() if r.get("drift")},
+        "summary": summary[-1:] if summary else [],
+    }
+
+
+def compare_builds(host: str, inventory: str, base: dict, env: dict, venv: str, lock_txt: str, python: str) -> dict:
+    """The role's build against ansible.builtin.pip on ``host``: each from the host's wheelhouse (warm, as the
+    upgrade left it), with no venv of the lock and empty tool caches, the file system synced first."""
+    rows = {}
+
+    def fresh() -> None:
+        sh(host, f"rm -rf {venv} {SERVING}/bench-pip /root/.cache/uv /root/.cache/pip && sync")
+
+    fresh()
+    res, wall = timed_playbook(ROLE_BUILD_PLAYBOOK, inventory, base, env, limit=host)
+    builds = results_with(res, "not_judged")
+    rows["role"] = {
+        "rc": res.rc,
+        "wall_s": wall,
+        "build_task_s": host_task_s(res, BUILD_TASK, host),
+        "steps_s": (builds.get(host) or {}).get("seconds"),
+        "venv": host_bytes(host, [venv]) if res.rc == 0 else None,
+    }
+    if res.rc != 0:
+        rows["role"]["failed"] = [f"{r.task}: {r.msg}" for r in res.results.get(host, []) if r.failed][-2:]
+    print(json.dumps({"role_build": rows["role"]}, indent=1, default=str), flush=True)
+    fresh()
+    # ansible.builtin.pip imports packaging on the host: a venv of the host's Python with the controller's copy.
+    sh(host, f"{python} -m venv {PIP_MODULE_PY}")
+    site = sh(host, f"echo {PIP_MODULE_PY}/lib/python3.*/site-packages").stdout.strip()
+    podman("cp", packaging_path(), f"{host}:{site}/")
+    pip_vars = {
+        "bench_lock_file": lock_txt,
+        "bench_venv": f"{SERVING}/bench-pip",
+        "bench_python": python,
+        "ansible_python_interpreter": f"{PIP_MODULE_PY}/bin/python",
+    }
+    res, wall = timed_playbook(PIP_PLAYBOOK, inventory, pip_vars, env, limit=host)
+    rows["pip"] = {
+        "rc": res.rc,
+        "wall_s": wall,
+        "task_s": host_task_s(res, PIP_TASK, host),
+        "venv": host_bytes(host, [f"{SERVING}/bench-pip"]) if res.rc == 0 else None,
+    }
+    if res.rc != 0:
+        rows["pip"]["failed"] = [f"{r.task}: {(r.msg or '')[-600:]}" for r in res.results.get(host, []) if r.failed]
+    sh(host, f"rm -rf {SERVING}/bench-pip {PIP_MODULE_PY} /root/.cache/pip")
+    if rows["role"]["rc"] == 0 and rows["pip"]["rc"] == 0:
+        rows["pip_over_role"] = round(rows["pip"]["task_s"] / max(rows["role"]["build_task_s"], 0.1), 2)
+    return rows
+
+
+def packaging_path() -> str:
+    import packaging
+
+    return packaging.__path__[0]
+
+
+def fleet(args, real: Path, work: Path, env: dict) -> int:
+    """The lock-file flow over ``args.hosts`` lab hosts (see the module's docstring); one JSON document at the end,
+    each step's figures printed as it ends and kept in <work>/real_stack-fleet.json."""
+    controller = work / "controller"
+    shutil.rmtree(controller, ignore_errors=True)
+    controller.mkdir(parents=True)
+    out: dict = {"profile": str(real.relative_to(REPO)), "command": " ".join(["bench/real_stack.py", *sys.argv[1:]])}
+    out_file = work / "real_stack-fleet.json"
+
+    def show(key: str, value) -> None:
+        out[key] = value
+        print(json.dumps({key: value}, indent=1, default=str), flush=True)
+        out_file.write_text(json.dumps(out, indent=1, default=str) + "\n")
+
+    profile_path = lab_profile(real, work / "profiles")
+    profile = yaml.safe_load(profile_path.read_text())
+    version = profile["python"]["version"]
+    python = f"/usr/bin/python{version}"
+    lock_file = work / f"{real.stem}.lock.yml"
+    lock_file.unlink(missing_ok=True)
+    cache = None
+    try:
+        ports = mirror_ports()
+        mirrors.build()
+        mirrors.start(ports)
+        nodes.down(LAB_NAME)
+        t0 = time.monotonic()
+        lab = nodes.up(args.hosts, LAB_NAME, ports)
+        hosts, inventory = lab["nodes"], lab["inventory"]
+        for host in hosts:  # the node image's own Python stays where it has the profile's version (the lab profiles)
+            if sh(host, f"test -x {python}").returncode != 0:
+                give_python(host, version, python_prefix(version, args.python_prefix))
+        show("lab", {"hosts": hosts, "up_s": round(time.monotonic() - t0, 1), "reniced": len(renice(hosts))})
+        cache = sc.start(LAB_NAME, controller_dir=controller, clear=True)
+        base = {
+            "gpufleet_stack_profile": str(profile_path),
+            "gpufleet_index_urls": {},
+            "gpufleet_controller_dir": str(controller),
+            "gpufleet_lock_file": str(lock_file),
+        }
+        since = time.time()
+        show("plan", plan_step(inventory, base, env, controller, lock_file))
+        if out["plan"]["rc"] != 0:
+            return 1
+        show("plan_site_cache", sc.read_counts(LAB_NAME, since=since))
+        entry = lock_entry(lock_file)
+        used, why = fit_hosts(hosts, entry, work)
+        show("hosts_used", {"hosts": used, "why": why})
+        renice(used)
+        upvars = {
+            **base,
+            "gpufleet_fleet_cache_url": cache["url"],
+            "gpufleet_distribution": "pull",
+            "gpufleet_batch_size": len(used),
+        }
+        since = time.time()
+        show("upgrade", upgrade_step(inventory, upvars, env, used, controller))
+        counts = sc.read_counts(LAB_NAME, since=since)
+        counts["served_bytes_per_host"] = round(counts["served_bytes"] / len(used))
+        show("site_cache", counts)
+        venv = f"{SERVING}/venvs/{entry['venv_name']}"
+        installed, _missing = installed_bytes(entry)
+        show(
+            "venvs",
+            {
+                "lock_installed_bytes": installed,
+                # preflight's disk gate (filter disk_gate): the lock's installed sizes times preflight_space_factor
+                "disk_gate_estimate_bytes": int(installed * SPACE_FACTOR),
+                **{h: host_bytes(h, [venv, "/opt/gpufleet/wheelhouse"]) for h in used},
+            },
+        )
+        first = used[0]
+        if not args.no_bytecode:
+            show("bytecode", venv_figures(first, venv, bytecode=True))
+        show("imports_without_driver", timed_imports(first, venv, IMPORTS))
+        stub, where = (Path(args.stub), "given by --stub") if args.stub else find_stub(controller / "wheelhouse")
+        if stub:
+            stubbed = {"from": where, "answers": give_stub(first, stub, python)}
+            stubbed["verify_venv_gpu_required"] = verify_with_stub(first, venv, entry, profile)
+            stubbed["imports"] = timed_imports(first, venv, IMPORTS, env=f"LD_LIBRARY_PATH={STUB_DIR}")
+            show("stub_libcuda", stubbed)
+        else:
+            show("stub_libcuda", {"from": where})
+        show("audit", audit_step(inventory, base, env, used))
+        last = used[-1]
+        res, wall = timed_playbook("playbooks/rollback.yml", inventory, base, env, limit=last)
+        current = sh(last, f"readlink {SERVING}/current").stdout.strip()
+        show("rollback", {"host": last, "rc": res.rc, "wall_s": wall, "current": current})
+        show("audit_after_rollback", audit_step(inventory, base, env, used))
+        if not args.no_compare:
+            lock_txt = f"{SERVING}/locks/{entry['venv_name']}.txt"
+            show("install_compare", compare_builds(last, inventory, base, env, venv, lock_txt, python))
+        print(json.dumps(out, indent=1, default=str))
+        ok = out["upgrade"]["rc"] == 0 and out["audit"]["rc"] == 0
+        return 0 if ok else 1
+    finally:
+        if cache:
+            sc.stop(LAB_NAME)
+        if not args.keep:
+            nodes.down(LAB_NAME)
+            shutil.rmtree(sc.site_cache_dir(LAB_NAME), ignore_errors=True)
+        if not args.keep_wheels:
+            shutil.rmtree(controller / "wheelhouse", ignore_errors=True)
+            shutil.rmtree(work / "uv-cache", ignore_errors=True)
 
 
 if __name__ == "__main__":
