@@ -14,6 +14,8 @@ description:
     id, outcome, backup id and profile, the backup ids, and C(note), the line reports use when the host's
     C(state.json) is gone (empty when the controller never saw the host).
   - Reads local files only; changes nothing.
+  - A report this collection cannot act on (not JSON, an unknown C(schema) or C(outcome_kind)) fails the lookup,
+    naming the file, the value and the fix.
 options:
   _terms:
     description: The host names (inventory names).
@@ -83,7 +85,10 @@ class LookupModule(LookupBase):
         state_path = kwargs.get("state_path") or "/var/lib/gpufleet/state.json"
         out = []
         for host in terms:
-            known = _run_record.last_known(controller_dir, str(host))
+            try:
+                known = _run_record.last_known(controller_dir, str(host))
+            except _run_record.RunRecordError as exc:
+                raise AnsibleLookupError(f"{host}: {exc}") from None
             known["note"] = _run_record.missing_record_note(state_path, known)
             out.append(known)
         return out

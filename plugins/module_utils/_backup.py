@@ -19,6 +19,8 @@ import re
 import shutil
 import tarfile
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._version import COLLECTION, COLLECTION_VERSION
+
 try:
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -31,7 +33,10 @@ MANIFEST_SUM = "manifest.json.sha256"
 LOCK = "venv.lock"
 ARCHIVE = "venv.tar.gz"
 PARTIAL_PREFIX = ".partial-"
+# The manifest's schema: a reader refuses a format it does not know (validate_manifest).
 FORMAT_VERSION = 1
+FORMAT_VERSIONS = (FORMAT_VERSION,)
+MANIFEST_KEYS = ("format", "id", "host", "profile", "snapshot", "checksums")
 ID_RE = re.compile(r"^\d{8}T\d{6}(\d{6})?Z-[0-9a-f]{8}$")
 
 
@@ -312,6 +317,7 @@ def build_manifest(backup_id, created, host, profile, run_id, snapshot, checksum
     the verdict on that host when the backup was taken (``recorded_state``)."""
     return {
         "format": FORMAT_VERSION,
+        "collection_version": COLLECTION_VERSION,
         "id": backup_id,
         "created": created,
         "host": host,
@@ -383,11 +389,38 @@ def load_manifest(folder):
         manifest = json.loads(text)
     except ValueError as exc:
         raise BackupError(f"{path} is not valid JSON ({exc})") from exc
-    for key in ("format", "id", "host", "profile", "snapshot", "checksums"):
+    return validate_manifest(manifest, path, os.path.basename(os.path.normpath(folder)))
+
+
+def validate_manifest(manifest, path=MANIFEST, backup_id=None):
+    """Return ``manifest`` when this collection can restore from it; else BackupError naming the file and the value.
+
+    Every reader takes a manifest through load_manifest, which calls this (modules backup_manifest and backup_info,
+    on the host and on the controller's copy). The callers add what to do: pick another backup, or restore it with
+    the collection version that wrote it.
+    """
+    if not isinstance(manifest, dict):
+        raise BackupError(f"{path} holds a {type(manifest).__name__}, expected a JSON object")
+    version = manifest.get("format")
+    if version not in FORMAT_VERSIONS or isinstance(version, bool):
+        by = manifest.get("collection_version")
+        if by == COLLECTION_VERSION:
+            writer = f"edited since {COLLECTION} {by} wrote it"
+        else:
+            writer = f"written by {COLLECTION} {by}" if isinstance(by, str) and by else "written by another version"
+            writer += ", restore it with that version"
+        raise BackupError(
+            f"{path} records format {version!r} (key format), {COLLECTION} {COLLECTION_VERSION} reads format "
+            f"{', '.join(str(v) for v in FORMAT_VERSIONS)}: {writer}"
+        )
+    for key in MANIFEST_KEYS:
         if key not in manifest:
             raise BackupError(f"{path} lacks the field {key!r}")
-    if manifest["id"] != os.path.basename(os.path.normpath(folder)):
-        raise BackupError(f"{path} names backup {manifest['id']!r} but lies in {os.path.basename(folder)!r}")
+    for key in ("snapshot", "checksums"):
+        if not isinstance(manifest[key], dict):
+            raise BackupError(f"{path} records {key} {manifest[key]!r}, expected a JSON object")
+    if backup_id is not None and manifest["id"] != backup_id:
+        raise BackupError(f"{path} names backup {manifest['id']!r} but lies in {backup_id!r}")
     return manifest
 
 

@@ -772,13 +772,16 @@ def stack_consistency(packages, env_text, toolkits, realpath=os.path.realpath) -
 # --------------------------------------------------------------------------- the run record
 
 
-def run_record_item(path, record, backups) -> dict:
+def run_record_item(path, record, backups, problem="") -> dict:
     """The host's run record (state.json): missing while the host holds gpufleet backups means it was lost.
 
     ``record`` is the parsed file (None when absent), ``backups`` the ids under the state folder's backups/. A host
     gpufleet never acted on has neither and is not drift; a lost record would make a rollback guess and an audit
-    call the host in sync, so it is named with what is still known and the fix.
+    call the host in sync, so it is named with what is still known and the fix. ``problem`` is why the file cannot
+    be acted on (_state.validate_state's words, which name the file, the value and the fix): drift, never in sync.
     """
+    if problem:
+        return item("run record", f"{path} this collection can act on", "unusable", [problem])
     if record is not None:
         return item("run record", path, f"run {record.get('run_id')} {record.get('result')}")
     if not backups:

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._proc import stat_fields
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._version import COLLECTION, COLLECTION_VERSION
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,14 @@ RESULTS = (
     "failed_preflight",
     "failed",
 )
+# The state file's schema: what its keys mean. A reader refuses a schema it does not know (validate_state).
 STATE_VERSION = 1
+STATE_VERSIONS = (STATE_VERSION,)
+STATUSES = ("started", "completed")
+# A run that did not end: an interrupted one, or one whose rollback failed. Only the collection version that
+# started it recovers it (version_refusal), unless the operator accepts the change.
+UNFINISHED_RESULTS = ("in_progress", "rollback_failed")
+ACCEPT_VERSION_VAR = "gpufleet_accept_version_change"
 
 
 class StateError(Exception):
@@ -148,15 +156,16 @@ def read_json(path):
 
 
 def read_previous(path):
-    """The state file as a run reads it before it records anything ({} when absent); an unusable one is a StateError
-    that says what to do."""
+    """The state file as every reader takes it ({} when absent), validated (validate_state); an unusable one is a
+    StateError that names the file, the value and what to do."""
     try:
-        return read_json(path) or {}
+        doc = read_json(path) or {}
     except StateError as exc:
         raise StateError(
-            f"state file unusable: {exc}; fix: inspect it, move it aside and run playbooks/rollback.yml "
-            "for this host if it may be half-upgraded"
+            f"state file unusable: {exc}; nothing was changed; fix: inspect it, move it aside and run "
+            "playbooks/rollback.yml for this host if it may be half-upgraded"
         ) from exc
+    return validate_state(doc, path) if doc else doc
 
 
 def dumps(doc) -> str:
@@ -291,21 +300,103 @@ def process_alive(pid, pid_start, proc="/proc") -> bool:
 # --------------------------------------------------------------------------- state
 
 
+def _state_problem(doc) -> str:
+    """What in a state record this collection cannot read, in words; "" when it reads every field it acts on."""
+    version = doc.get("version")
+    if version not in STATE_VERSIONS or isinstance(version, bool):
+        known = ", ".join(str(v) for v in STATE_VERSIONS)
+        return f"schema version {version!r} (key version), this collection reads version {known}"
+    for where, record in (("", doc), ("last_run.", doc.get("last_run"))):
+        if record is None and where:
+            continue
+        if not isinstance(record, dict):
+            return f"{where.rstrip('.')} {record!r}, expected a JSON object"
+        if (record.get("result") is not None or not where) and record.get("result") not in RESULTS:
+            return f"{where}result {record.get('result')!r}, not one of {', '.join(RESULTS)}"
+        if record.get("phase") is not None and record.get("phase") not in PHASES:
+            return f"{where}phase {record.get('phase')!r}, not a phase of the phase table ({', '.join(PHASES)})"
+        if record.get("status") is not None and record.get("status") not in STATUSES:
+            return f"{where}status {record.get('status')!r}, not one of {', '.join(STATUSES)}"
+    written_by = doc.get("collection_version")
+    if written_by is not None and not isinstance(written_by, str):
+        return f"collection_version {written_by!r}, expected a version string"
+    return ""
+
+
+def validate_state(doc, path="state.json"):
+    """Return ``doc`` when this collection can act on it; else StateError naming the file, the value and the fix.
+
+    Every reader calls it (module upgrade_state, module preflight_probe, the host model of module host_state, role
+    rollback through upgrade_state): a record of an unknown schema, phase, status or result is never acted on, since
+    what an unknown phase has changed on the host cannot be known from here.
+    """
+    if not isinstance(doc, dict):
+        raise StateError(f"{path} holds a {type(doc).__name__}, expected a JSON object; nothing was changed")
+    problem = _state_problem(doc)
+    if not problem:
+        return doc
+    by = doc.get("collection_version")
+    writer = f"{COLLECTION} {by}" if isinstance(by, str) and by else "another version of the collection, or a hand"
+    raise StateError(
+        f"{path} records {problem}: this record is not one {COLLECTION} {COLLECTION_VERSION} can act on (written by "
+        f"{writer}); nothing was changed; fix: run this host with the collection version that wrote it, or inspect "
+        "the file, move it aside (the next run records the host afresh) and run playbooks/rollback.yml for this host "
+        "if it may be half-upgraded"
+    )
+
+
 def check_state(doc):
-    if doc.get("result") not in RESULTS:
-        raise StateError(f"state result {doc.get('result')!r} is not one of {', '.join(RESULTS)}")
-    if doc.get("phase") is not None and doc.get("phase") not in PHASES:
-        raise StateError(f"state phase {doc.get('phase')!r} is not one of {', '.join(PHASES)}")
-    return doc
+    """A record this collection is about to write: the same rules as for one it reads."""
+    return validate_state(doc, "the state to record")
+
+
+def version_refusal(state, running=COLLECTION_VERSION) -> str:
+    """Why this collection version must not resume or roll back the unfinished run ``state`` records; "" when it may.
+
+    Another version's phases and records may mean other things (a phase added, moved or renamed): only the version
+    that started a run recovers it. A record without ``collection_version`` was written before the collection
+    recorded its version (0.2.0 before this guard, or 0.1.0): which one cannot be told, so it counts as another.
+    """
+    if not state or state.get("result") not in UNFINISHED_RESULTS:
+        return ""
+    recorded = state.get("collection_version")
+    if recorded == running:
+        return ""
+    if state.get("result") == "rollback_failed":
+        what = f"the rollback of run {state.get('run_id')} failed"
+    else:
+        what = interrupted_at(state)
+    if recorded:
+        under, finish = f"{COLLECTION} {recorded}", f"finish it with {COLLECTION} {recorded} (upgrade.yml resumes it"
+    else:
+        under = f"a {COLLECTION} that recorded no version (state.json has no collection_version: 0.1.0 or older)"
+        finish = "finish it with the version that started it, if you know it (upgrade.yml resumes it"
+    target = f" to backup {state['backup_id']}" if state.get("backup_id") else ""
+    return (
+        f"{what} under {under}; this is {COLLECTION} {running}, and only the version that started a run resumes or "
+        f"rolls it back; nothing was changed; fix: {finish}, rollback.yml undoes it), or let {running} take it "
+        f"over{target} with -e {ACCEPT_VERSION_VAR}=true"
+    )
 
 
 def update_state(previous, run_id, now, **changes):
     """Return the state after ``changes``; a new run starts from a clean record but keeps the last result."""
     previous = dict(previous or {})
     if previous.get("run_id") != run_id:
-        state = {"version": STATE_VERSION, "run_id": run_id, "started": now, "history": []}
+        if changes.get("result") == "failed_preflight" and decide_recovery(previous, run_id, None)["action"] != "none":
+            # A run refused before it changed anything leaves an unfinished run's record as it is: recorded, the
+            # refusal would end that record, and the next run would neither recover nor refuse the host.
+            return check_state(previous)
+        state = {
+            "version": STATE_VERSION,
+            "collection_version": COLLECTION_VERSION,
+            "run_id": run_id,
+            "started": now,
+            "history": [],
+        }
         if previous:
-            state["last_run"] = {key: previous.get(key) for key in ("run_id", "result", "phase", "backup_id", "reason")}
+            keys = ("run_id", "result", "phase", "backup_id", "reason", "collection_version")
+            state["last_run"] = {key: previous.get(key) for key in keys}
             if previous.get("lock"):
                 # The lock the host last applied stays on record until a run applies another (an audit's reference).
                 state["lock"] = previous["lock"]
@@ -343,10 +434,25 @@ def interrupted_at(state):
     return f"run {state.get('run_id')} was interrupted at phase {state.get('phase')} ({state.get('status', 'started')})"
 
 
-def decide_recovery(state, run_id):
-    """What this run must do first, given the state file left by the last run (see module docstring)."""
+def decide_recovery(state, run_id, running=COLLECTION_VERSION, accept_version_change=False):
+    """What this run must do first, given the state file left by the last run (see module docstring).
+
+    An unfinished run that another collection version started is refused (version_refusal) unless the operator
+    accepts the change; ``running`` None judges the record without the version guard.
+    """
     if not state or state.get("run_id") == run_id:
         return {"action": "none", "reason": "no interrupted run"}
+    other_version = version_refusal(state, running) if running is not None else ""
+    if other_version and not accept_version_change:
+        return {"action": "refuse", "backup_id": state.get("backup_id"), "reason": other_version}
+    decision = _recovery(state)
+    if other_version:
+        started = state.get("collection_version") or "a version it did not record"
+        decision["reason"] += f" (started by {COLLECTION} {started}, taken over by {running}: {ACCEPT_VERSION_VAR})"
+    return decision
+
+
+def _recovery(state):
     result = state.get("result")
     previous = state.get("run_id")
     if result == "rollback_failed":
@@ -399,16 +505,19 @@ def describe_record(state, path):
     return line
 
 
-def rollback_target(state, run_id, requested=""):
-    """Which backup a rollback restores: ``{backup_id, why}``; backup_id None lets the caller choose by the host.
+def rollback_target(state, run_id, requested="", running=COLLECTION_VERSION, accept_version_change=False):
+    """Which backup a rollback restores: ``{backup_id, why, refuse}``; backup_id None lets the caller choose by the
+    host; ``refuse`` (else "") says why this collection version must not roll back the unfinished run the record names.
 
     A backup named by the operator wins. Else an interrupted run (state ``in_progress`` with a backup, the run
     that holds the lock now being another one: the dead run's lock was taken over) is undone to its backup,
     even when the host already matches it: the host may be drained or stopped, and its record must end.
     """
+    ours = bool(state) and state.get("run_id") == run_id
+    refuse = "" if accept_version_change or ours else version_refusal(state, running)
     if requested:
-        return {"backup_id": requested, "why": "named by the operator"}
-    recovery = decide_recovery(state, run_id)
+        return {"backup_id": requested, "why": "named by the operator", "refuse": refuse}
+    recovery = decide_recovery(state, run_id, None)
     if recovery["action"] == "rollback":
-        return {"backup_id": recovery["backup_id"], "why": interrupted_at(state)}
-    return {"backup_id": None, "why": "the newest backup that differs from the host as it is"}
+        return {"backup_id": recovery["backup_id"], "why": interrupted_at(state), "refuse": refuse}
+    return {"backup_id": None, "why": "the newest backup that differs from the host as it is", "refuse": refuse}

@@ -129,7 +129,8 @@ options:
       - The host's state file (C(state.json)) to read and return as RV(last_run), so the audit reads what the last run
         left in the same call. Absent file, empty RV(last_run).
       - "Also judged as item C(run record): a missing file while the state folder holds gpufleet backups is drift (the
-        record was lost), named with the fix."
+        record was lost), named with the fix; so is a file this collection cannot act on (not JSON, an unknown
+        schema version, phase, status or result), whose RV(last_run) is then empty."
     type: path
   drift_is_change:
     description:
@@ -321,11 +322,14 @@ def main():
     )
     p = module.params
     items, diffs, file_labels, extra = [], [], set(), {}
+    record_problem = ""
     if p["state_path"]:
+        # Validated as every reader takes it: a record this collection cannot act on is a problem the model names,
+        # never a last run it believes.
         try:
-            extra["last_run"] = st.read_json(p["state_path"]) or {}
+            extra["last_run"] = st.read_previous(p["state_path"])
         except st.StateError as exc:
-            module.fail_json(msg=f"{socket.gethostname()}: {exc}; move it aside to start the host's record afresh")
+            extra["last_run"], record_problem = {}, str(exc)
     serving, server_pids = [], None
     if p["serving"]:
         try:
@@ -375,7 +379,7 @@ def main():
         items += serving
         if p["state_path"]:
             backups = _backup_ids(os.path.join(os.path.dirname(p["state_path"]), "backups"))
-            items.append(hm.run_record_item(p["state_path"], extra["last_run"] or None, backups))
+            items.append(hm.run_record_item(p["state_path"], extra["last_run"] or None, backups, record_problem))
         if gpus is not None:
             items.append(hm.gpu_item(gpus))
     except (KeyError, TypeError) as exc:

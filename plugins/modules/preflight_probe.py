@@ -65,6 +65,12 @@ options:
     description: Seconds for each mirror request.
     type: int
     default: 10
+  accept_version_change:
+    description:
+      - Let this collection version recover an unfinished run that another version started (as module
+        C(upgrade_state) takes it); otherwise C(recovery) refuses the host.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -166,7 +172,7 @@ def run(module) -> dict:
         module.fail_json(msg=str(exc))
     state = {
         "previous": previous,
-        "recovery": st.decide_recovery(previous, p["run_id"]),
+        "recovery": st.decide_recovery(previous, p["run_id"], accept_version_change=p["accept_version_change"]),
     }
     python = {"skipped": True}
     if p["python"]:
@@ -198,6 +204,7 @@ def main():
             "drained_check_cmd": {"type": "str", "default": ""},
             "mirror_urls": {"type": "list", "elements": "str", "default": []},
             "mirror_timeout": {"type": "int", "default": 10},
+            "accept_version_change": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )

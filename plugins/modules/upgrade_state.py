@@ -15,6 +15,11 @@ description:
     it completed, the backup id, the result and its reason, and a short history.
   - Always returns RV(recovery), what this run must do first about the run recorded before it (none, restart, rollback
     or refuse). The rule is in docs/safety.md.
+  - A state file this collection cannot act on (not JSON, an unknown schema version, phase, status or result) fails
+    the call, naming the file, the value and the fix; it is never written over.
+  - The state file records the collection version that wrote it. An unfinished run (interrupted, or its rollback
+    failed) that another version started is refused by RV(recovery) and RV(rollback) unless
+    O(accept_version_change).
   - Writes atomically; writing the same facts again is no change.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -61,6 +66,12 @@ options:
   reason:
     description: Why the run ended as it did.
     type: str
+  accept_version_change:
+    description:
+      - Let this collection version resume or roll back an unfinished run that another version started (the
+        operator's C(gpufleet_accept_version_change)).
+    type: bool
+    default: false
   lock:
     description:
       - The wheel lock the run applied (C(venv_name), C(hash), C(profile), C(file) the controller took it from),
@@ -106,6 +117,8 @@ rollback:
   description:
     - What a rollback without a named backup restores, C(backup_id) and C(why). An interrupted run is undone to its
       backup; otherwise C(backup_id) is null and the rollback picks the newest backup unlike the host.
+    - C(refuse), when not empty, says why this collection version must not roll back the unfinished run the record
+      names (another version started it, and O(accept_version_change) is false).
   returned: always
   type: dict
 """
@@ -123,7 +136,8 @@ def run(module):
         previous = st.read_previous(p["path"])
     except st.StateError as exc:
         module.fail_json(msg=str(exc))
-    recovery = st.decide_recovery(previous, p["run_id"])
+    accept = p["accept_version_change"]
+    recovery = st.decide_recovery(previous, p["run_id"], accept_version_change=accept)
     result = {
         "changed": False,
         "previous": previous,
@@ -131,7 +145,7 @@ def run(module):
         "recovery": recovery,
         "record": st.describe_record(previous, p["path"]),
         "recorded_backup_id": st.recorded_backup(previous),
-        "rollback": st.rollback_target(previous, p["run_id"]),
+        "rollback": st.rollback_target(previous, p["run_id"], accept_version_change=accept),
     }
     if p["state"] == "query":
         return result
@@ -164,6 +178,7 @@ def main():
             "result": {"type": "str", "choices": list(st.RESULTS)},
             "reason": {"type": "str"},
             "lock": {"type": "dict"},
+            "accept_version_change": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )

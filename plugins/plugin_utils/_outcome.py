@@ -40,6 +40,9 @@ FAILURE_ACTIONS = {
 }
 # Phase order in reports (the summary prints phases in this order).
 REPORT_ORDER = (*_state.PHASES, "rollback")
+# The schema of a host's report as the controller keeps it (<controller_dir>/runs/<run_id>/<host>.json): a reader
+# refuses one it does not know (plugin_utils/_run_record.py validate_run_record).
+RUN_RECORD_SCHEMA = 1
 # A reason this collection writes (host, cause, what was left, fix; a full disk's names two paths and the host twice)
 # fits whole; only a tool's long output is cut.
 REASON_LIMIT = 700
@@ -87,6 +90,10 @@ KINDS = {
     # playbooks/rollback.yml: the rollback role's own words ("rolled back to backup ...", "nothing to roll back: ...").
     "restored": Kind("rolled back", "{detail}", True, False, "rolled_back"),
     "nothing_to_roll_back": Kind("nothing to roll back", "{detail}", True, False, None),
+    # playbooks/rollback.yml: the rollback stopped before it changed the host (a state file or backup it must not act
+    # on, a lock held): no failed rollback, since nothing was restored; not ok, since the host is not where the
+    # operator asked and someone has to act.
+    "rollback_refused": Kind("nothing rolled back", "nothing rolled back: {detail}", False, False, None),
     "unknown": Kind("unknown", "unknown{detail}", False, True, None),
 }
 
@@ -237,6 +244,8 @@ def host_report(result, host, run_id, profile, backup_id="", phases=None, check_
     if not isinstance(result, dict) or "kind" not in result:
         result = outcome("unknown", "no outcome was noted (check mode)" if check_mode else "no outcome was noted")
     return {
+        "schema": RUN_RECORD_SCHEMA,
+        "collection_version": _state.COLLECTION_VERSION,
         "host": host,
         "run_id": run_id,
         "profile": profile,

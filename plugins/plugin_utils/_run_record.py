@@ -15,11 +15,56 @@ import json
 import os
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._backup import ID_RE
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._version import COLLECTION, COLLECTION_VERSION
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._outcome import KINDS, RUN_RECORD_SCHEMA
+
+SCHEMAS = (RUN_RECORD_SCHEMA,)
+
+
+class RunRecordError(ValueError):
+    """A run record on the controller that this collection cannot act on."""
+
+
+def _record_problem(doc) -> str:
+    if not isinstance(doc, dict):
+        return f"a {type(doc).__name__}, expected a JSON object"
+    schema = doc.get("schema")
+    if "schema" not in doc:
+        # Written before run records carried a schema: the same fields, read as schema 1 when their kind is known.
+        schema = RUN_RECORD_SCHEMA
+    if schema not in SCHEMAS or isinstance(schema, bool):
+        return f"schema {schema!r}, this collection reads schema {', '.join(str(s) for s in SCHEMAS)}"
+    kind = doc.get("outcome_kind")
+    if kind not in KINDS:
+        return f"outcome_kind {kind!r}, not one of {', '.join(sorted(KINDS))}"
+    if not isinstance(doc.get("check_mode", False), bool):
+        return f"check_mode {doc.get('check_mode')!r}, expected true or false"
+    return ""
+
+
+def validate_run_record(doc, path):
+    """Return ``doc`` when this collection can act on the run record; else RunRecordError naming the file, the value
+    and the fix. Reports are the controller's own words on a host, so unlike the host's records they live in
+    plugin_utils, with the outcome kinds they are judged by (_outcome.KINDS)."""
+    problem = _record_problem(doc)
+    if not problem:
+        return doc
+    by = doc.get("collection_version") if isinstance(doc, dict) else None
+    writer = f"{COLLECTION} {by}" if isinstance(by, str) and by else "another version of the collection, or a hand"
+    raise RunRecordError(
+        f"the controller's run record {path} holds {problem}: not a record {COLLECTION} {COLLECTION_VERSION} can act "
+        f"on (written by {writer}); nothing was changed; fix: read it with the version that wrote it, or move it out "
+        f"of {os.path.dirname(os.path.dirname(path))}"
+    )
 
 
 def last_known(controller_dir, host) -> dict:
     """The newest report of a run that acted on ``host`` (check-mode runs left out): run_id, outcome, backup_id,
-    profile, path; plus ``backups``, the ids the controller holds copies of. Empty values when it knows nothing."""
+    profile, path; plus ``backups``, the ids the controller holds copies of. Empty values when it knows nothing.
+
+    Every report of the host is validated (validate_run_record): RunRecordError names one this collection cannot act
+    on, rather than describe the host by an older one.
+    """
     runs = os.path.join(controller_dir, "runs")
     newest = None
     try:
@@ -30,11 +75,19 @@ def last_known(controller_dir, host) -> dict:
         path = os.path.join(runs, name, f"{host}.json")
         try:
             with open(path, encoding="utf-8") as handle:
-                doc = json.load(handle)
+                text = handle.read()
             stamp = os.stat(path).st_mtime
-        except (OSError, ValueError):
+        except OSError:
             continue
-        if not isinstance(doc, dict) or doc.get("check_mode"):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            # Reports are written atomically: one that does not parse was damaged, and what it said is unknown.
+            raise RunRecordError(
+                f"the controller's run record {path} is not valid JSON ({exc}); nothing was changed; fix: restore it "
+                f"or move it out of {runs}"
+            ) from None
+        if validate_run_record(doc, path).get("check_mode"):
             continue
         if newest is None or stamp > newest[0]:
             newest = (stamp, path, doc)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -281,3 +282,48 @@ def test_the_package_list_can_be_left_to_the_caller():
     assert bk.restore_differences(before, snap(venv="/v/new"), compare_lock=False) == [
         "serving venv: current is /v/new, the backup had /v/old"
     ]
+
+
+class TestManifestValidation:
+    """A manifest of a format this collection does not know is refused naming the file and the value (issue 42)."""
+
+    def rewrite(self, folder, **changes):
+        path = folder / "manifest.json"
+        manifest = dict(bk.load_manifest(str(folder)), **changes)
+        bk.write_manifest(str(folder), manifest)
+        return path
+
+    def test_the_manifest_names_its_format_and_the_version_that_wrote_it(self, tmp_path):
+        manifest = make_backup(tmp_path / "20261202T130000Z-aaaaaaaa")
+        assert manifest["format"] == bk.FORMAT_VERSION and manifest["collection_version"] == bk.COLLECTION_VERSION
+        assert bk.validate_manifest(manifest) is manifest
+
+    def test_a_future_format_is_refused_naming_the_file_the_value_and_the_writer(self, tmp_path):
+        folder = tmp_path / "20261202T130000Z-aaaaaaaa"
+        make_backup(folder)
+        path = self.rewrite(folder, format=2, collection_version="9.0.0")
+        with pytest.raises(bk.BackupError) as err:
+            bk.load_manifest(str(folder))
+        assert str(err.value) == (
+            f"{path} records format 2 (key format), gpufleet.upgrade {bk.COLLECTION_VERSION} reads format 1: "
+            "written by gpufleet.upgrade 9.0.0, restore it with that version"
+        )
+
+    @pytest.mark.parametrize(
+        ("changes", "words"),
+        [
+            (
+                {"format": None},
+                f"records format None (key format), gpufleet.upgrade {bk.COLLECTION_VERSION} reads format 1: edited",
+            ),
+            ({"format": "1"}, "records format '1' (key format)"),
+            ({"snapshot": []}, "records snapshot [], expected a JSON object"),
+            ({"checksums": None}, "records checksums None, expected a JSON object"),
+        ],
+    )
+    def test_other_unknown_values_are_refused(self, tmp_path, changes, words):
+        folder = tmp_path / "20261202T130000Z-aaaaaaaa"
+        make_backup(folder)
+        self.rewrite(folder, **changes)
+        with pytest.raises(bk.BackupError, match=re.escape(words)):
+            bk.load_manifest(str(folder))

@@ -11,6 +11,9 @@ import pytest
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
 
 NOW = "2026-12-02T13:00:00+00:00"
+# Records of runs this collection version started (an unfinished run of another version is refused: TestVersionGuard).
+CV = st.COLLECTION_VERSION
+KILLED_AT = {"run_id": "r1", "result": "in_progress", "collection_version": CV}
 
 
 def lock(run_id="r1", pid=4242, controller="ctl"):
@@ -124,8 +127,26 @@ class TestStateAndRecovery:
             ({}, "none"),
             ({"run_id": "r1", "result": "upgraded"}, "none"),
             ({"run_id": "r1", "result": "rolled_back"}, "none"),
-            ({"run_id": "r1", "result": "in_progress", "phase": "backup", "status": "started"}, "restart"),
-            ({"run_id": "r1", "result": "in_progress", "phase": "cuda_toolkit", "backup_id": "b1"}, "rollback"),
+            (
+                {
+                    "run_id": "r1",
+                    "result": "in_progress",
+                    "phase": "backup",
+                    "status": "started",
+                    "collection_version": CV,
+                },
+                "restart",
+            ),
+            (
+                {
+                    "run_id": "r1",
+                    "result": "in_progress",
+                    "phase": "cuda_toolkit",
+                    "backup_id": "b1",
+                    "collection_version": CV,
+                },
+                "rollback",
+            ),
             ({"run_id": "r1", "result": "rollback_failed", "backup_id": "b1", "reason": "x"}, "refuse"),
             ({"run_id": "r2", "result": "in_progress", "phase": "venv_rebuild", "backup_id": "b1"}, "none"),
         ],
@@ -135,13 +156,26 @@ class TestStateAndRecovery:
 
     def test_rollback_names_the_backup_and_the_phase(self):
         decision = st.decide_recovery(
-            {"run_id": "r1", "result": "in_progress", "phase": "venv_rebuild", "backup_id": "b1"}, "r2"
+            {
+                "run_id": "r1",
+                "result": "in_progress",
+                "phase": "venv_rebuild",
+                "backup_id": "b1",
+                "collection_version": CV,
+            },
+            "r2",
         )
         assert decision["backup_id"] == "b1"
         assert "run r1 was interrupted at phase venv_rebuild" in decision["reason"]
 
     def test_a_run_killed_before_its_own_backup_still_owes_the_old_rollback(self):
-        interrupted = {"run_id": "r1", "result": "in_progress", "phase": "venv_rebuild", "backup_id": "b1"}
+        interrupted = {
+            "run_id": "r1",
+            "result": "in_progress",
+            "phase": "venv_rebuild",
+            "backup_id": "b1",
+            "collection_version": CV,
+        }
         r2 = st.update_state(interrupted, "r2", NOW, phase="preflight", status="started")
         assert r2["last_run"]["run_id"] == "r1"
         assert st.decide_recovery(r2, "r3") == {
@@ -153,12 +187,20 @@ class TestStateAndRecovery:
 
 class TestRollbackTarget:
     UPGRADED = {"run_id": "r1", "result": "upgraded", "backup_id": "b1", "phase": "undrain", "status": "completed"}
-    KILLED = {"run_id": "r2", "result": "in_progress", "backup_id": "b2", "phase": "drain", "status": "started"}
+    KILLED = {
+        "run_id": "r2",
+        "result": "in_progress",
+        "backup_id": "b2",
+        "phase": "drain",
+        "status": "started",
+        "collection_version": CV,
+    }
 
     def test_the_named_backup_wins(self):
         assert st.rollback_target(self.KILLED, "rb", requested="b0") == {
             "backup_id": "b0",
             "why": "named by the operator",
+            "refuse": "",
         }
 
     def test_an_interrupted_run_is_undone_to_its_backup(self):

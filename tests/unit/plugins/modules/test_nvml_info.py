@@ -216,12 +216,14 @@ def test_host_state_returns_the_state_file_and_names_a_broken_one(monkeypatch, t
     state = tmp_path / "state.json"
     ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
     assert ok and res["last_run"] == {}, res
-    state.write_text(json.dumps({"result": "upgraded", "run_id": "r1"}))
+    state.write_text(json.dumps({"result": "upgraded", "run_id": "r1", "version": 1}))
     ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
-    assert ok and res["last_run"] == {"result": "upgraded", "run_id": "r1"}
+    assert ok and res["last_run"] == {"result": "upgraded", "run_id": "r1", "version": 1}
+    # A record the collection cannot act on is the run record's drift, named with the fix, never a last run.
     state.write_text("{not json")
     ok, res = host_state_call(monkeypatch, {"state_path": str(state)})
-    assert not ok and str(state) in res["msg"] and "move it aside" in res["msg"], res
+    assert ok and not res["in_sync"] and res["last_run"] == {} and res["drifted"] == ["run record"], res
+    assert str(state) in res["drift"][0] and "move it aside" in res["drift"][0], res
 
 
 # ------------------------------------------------------------------------- the serving unit's processes, real pids

@@ -14,6 +14,7 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from module_harness import Exit, Fail
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._version import COLLECTION_VERSION
 from ansible_collections.gpufleet.upgrade.plugins.modules import preflight_probe
 
 
@@ -97,6 +98,8 @@ def test_skips_the_gates_it_is_not_asked_for_and_a_missing_python_is_a_failed_lo
 
 def test_reads_the_state_file_and_its_recovery(host, tmp_path):
     state = {
+        "version": 1,
+        "collection_version": COLLECTION_VERSION,
         "run_id": "20261206T000000Z-9",
         "phase": "venv_rebuild",
         "status": "started",
