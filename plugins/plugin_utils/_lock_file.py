@@ -8,6 +8,11 @@ glibc of its group), the operator reviews and commits it, and ``upgrade.yml``, `
 apply or judge exactly it (``gpufleet_lock_file``) without asking an index anything. The file is YAML with sorted
 keys, entries and packages in a fixed order, so two plans of the same wheels give the same bytes and a review's
 diff shows only what changed. The profile's hash inside it ties it to the profile it was planned from.
+
+The file is a trust boundary: what plan.yml wrote carries its digest (``seal``), and every reader refuses a file that
+does not match it, whose wheels' names and versions are not their file names' (``loads``), or, when it is applied,
+whose wheel URLs are off the profile's indexes (``check_urls``) or whose wheels' METADATA disagree (``check_metadata``),
+each before any host changes.
 """
 
 from __future__ import annotations
