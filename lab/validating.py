@@ -84,6 +84,7 @@ def validating(index_class):
                         "path": environ.get("PATH_INFO", ""),
                         "status": int(answer),
                         "agent": environ.get("HTTP_USER_AGENT", ""),
+                        "range": environ.get("HTTP_RANGE"),
                         "conditional": conditional,
                     }
                 )

@@ -51,12 +51,24 @@ description:
     fleet's reviewed desired state; the plan report goes beside it (C(<name>.report.txt)) and the result says what
     changed against the lock file that was there (packages added, removed, changed, with versions and sha256). A
     plan that changes nothing leaves the file as it was.
-  - Keeps two caches in O(controller_dir)C(/cache), check mode included (caches, not the plan's output). uv's cache
-    (C(cache/uv)), pruned after each plan with C(uv cache prune --ci) (the wheels uv downloaded and unpacked go, the
-    index pages stay; the report says how many bytes remain), and the sha256 the controller computed for links
-    their index lists without one (C(cache/url-sha256.json)), by URL with the size, ETag and Last-Modified the index
-    served the file with, so a later plan asks for those with one HEAD request instead of downloading the file. In
-    check mode uv reads the chosen wheels the wheelhouse already holds (sha256 checked) instead of downloading them.
+  - A package comes only from the indexes the profile names for it (C(wheels.packages[].indexes); a dependency
+    from the one index C(wheels.dependency_indexes) names, else from the profile's indexes). An index that refuses a
+    profile package (HTTP 403 or 404 for its project page, or not reachable) while another named index serves it is
+    said as a warning, first in RV(diff_lines) and in the diff, and in the report (RV(index_refusals)); an index that
+    cannot be reached is left out of uv's resolution. A package every named index refuses fails the plan, naming
+    the index, the package and the fix.
+  - Every refusal ends with its fix. A version the indexes do not have lists first the builds the hosts could
+    install and the nearest versions that have a build for the hosts' platform, Python and CUDA tag.
+  - Keeps three caches in O(controller_dir)C(/cache), check mode included (caches, not the plan's output). The
+    index pages, METADATA files, METADATA read from wheels by range and HEAD answers, each with the ETag and
+    Last-Modified the index served it with (C(cache/index)), asked for again with C(If-None-Match) /
+    C(If-Modified-Since); a re-plan of an unchanged profile makes conditional requests only, and a 304 reuses what
+    is kept (an answer without a validator is not kept). uv's cache (C(cache/uv)), from which the wheels uv
+    downloaded and unpacked are removed after each plan while its index pages and the METADATA it read stay (the
+    report says how many bytes remain). The sha256 the controller computed for links their index lists without one
+    (C(cache/url-sha256.json)), by URL with the size, ETag and Last-Modified the index served the file with, so a
+    later plan asks for those with one HEAD request instead of downloading the file. In check mode uv reads the
+    chosen wheels the wheelhouse already holds (sha256 checked) instead of downloading them.
   - Runs on the controller only; needs C(packaging) and C(uv) there.
 version_added: 0.1.0
 options:
@@ -194,6 +206,14 @@ lock:
       description: uv's cache of the plan after it was pruned, C(path) (None when it was a temporary folder),
         C(bytes) it holds and C(pruned).
       type: dict
+    index_refusals:
+      description: Each index that refused a profile package another named index served, as RV(index_refusals).
+      type: list
+      elements: dict
+    index_requests:
+      description: The planner's C(requests) to the indexes for this lock, C(conditional) ones and C(not_modified)
+        answers (cumulative over the targets of one run).
+      type: dict
 lock_path:
   description: Path of the lock file on the controller.
   returned: success
@@ -204,9 +224,16 @@ report:
   type: list
   elements: str
 fetch:
-  description: What crossed from the indexes in this run (files fetched or reused, requests, bytes).
+  description: What crossed from the indexes in this run (files fetched or reused, C(bytes_in)), the planner's
+    C(requests), those asked with validators (C(conditional)) and those answered 304 (C(not_modified)).
   returned: success
   type: dict
+index_refusals:
+  description: Each index that refused a profile package another named index served (C(package), C(index), C(url),
+    C(status) such as C(HTTP 403) or C(unreachable ...), C(planned_from)); also in the lock as C(index_refusals).
+  returned: with O(lock_file)
+  type: list
+  elements: dict
 lock_file:
   description: The lock file written (with O(lock_file)), or the one this run's lock was also written as.
   returned: success
@@ -223,7 +250,8 @@ plan_diff:
   returned: with O(lock_file)
   type: dict
 diff_lines:
-  description: The plan diff in words, one line per package (C(~ name old (sha256 ...) -> new (sha256 ...))).
+  description: The plan diff in words, first one line per index that refused a package (C(index refused ...)), then
+    one line per package (C(~ name old (sha256 ...) -> new (sha256 ...))).
   returned: with O(lock_file)
   type: list
   elements: str

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import traceback
 import zipfile
-from urllib.parse import urlsplit
+from urllib.parse import urldefrag, urlsplit
 
 import tomllib
 
@@ -293,7 +293,8 @@ def _run_uv(uv, requirements, wheels, target, tmp, output_args, overrides=(), ca
     if proc.returncode != 0:
         raise PlanError(
             "uv could not resolve the dependencies of the chosen wheels over the profile's indexes"
-            f" ({', '.join(i['name'] for i in wheels['indexes'])}): {proc.stderr.strip()}. {uv_fix(proc.stderr, wheels)}"
+            f" ({', '.join(i['name'] for i in wheels['indexes'])}): {proc.stderr.strip()}."
+            f" {uv_fix(proc.stderr, wheels)}"
         )
 
 
@@ -321,7 +322,8 @@ def lock_entries(pylock: list, chosen: dict, target: Target, role: str) -> list:
         name = canonicalize_name(pkg["name"])
         if "archive" in pkg:
             archive = pkg["archive"]
-            files = [{"url": archive.get("url") or archive["path"], "sha256": archive["hashes"].get("sha256")}]
+            url = urldefrag(archive.get("url") or archive["path"])[0]
+            files = [{"url": url, "sha256": archive["hashes"].get("sha256")}]
         else:
             files = [{"url": w["url"], "sha256": (w.get("hashes") or {}).get("sha256")} for w in pkg.get("wheels", [])]
         wheel = pick_file(files, target)
@@ -414,7 +416,9 @@ def _lock(profile, target, fetcher, uv, tools, today, where, computed):
         ):
             pins[key] = f"{cand.project} @ {pathlib.Path(held.folder, cand.filename).resolve().as_uri()}"
         else:
-            pins[key] = f"{cand.project} @ {cand.url}"
+            # With its sha256 (settled above) uv reads the wheel's METADATA by range and is done: without it, uv
+            # downloads the whole wheel (GBs for a CUDA stack) in every check-mode plan to hash it for the pylock.
+            pins[key] = f"{cand.project} @ {urldefrag(cand.url)[0]}#sha256={cand.sha256}"
     if record:
         record.save()
     # uv applies an override to the direct requirements too: an overridden profile package is overridden with the
@@ -457,10 +461,12 @@ def _lock(profile, target, fetcher, uv, tools, today, where, computed):
 
 class PlanCache:
     """uv's cache for a plan: ``<cache_dir>/uv`` on the controller, where the operator sees it, or a temporary
-    folder removed after the plan when there is no ``cache_dir``. After the plan it is pruned with ``uv cache prune
-    --ci``: the wheels uv downloaded and unpacked (a real stack's torch and CUDA libraries: GBs per plan, kept by
-    uv for installs the controller never makes) go; the index pages stay, so a later plan revalidates them instead
-    of reading them again. ``summary`` says how many bytes the cache holds after the plan."""
+    folder removed after the plan when there is no ``cache_dir``. After the plan the wheels uv downloaded and
+    unpacked go (its ``archive-v*`` folders and the links to them: a real stack's torch and CUDA libraries, GBs per
+    plan, kept by uv for installs the controller never makes); the index pages and the METADATA uv read of every
+    wheel stay, so a later plan revalidates the pages and reads no METADATA again. (``uv cache prune --ci`` would
+    drop that METADATA too: a re-plan read every dependency's METADATA again, by range.) ``summary`` says how many
+    bytes the cache holds after the plan."""
 
     def __init__(self, uv: str, cache_dir: str | None):
         self.uv = uv
@@ -476,20 +482,33 @@ class PlanCache:
         if self.temporary:
             shutil.rmtree(self.path, ignore_errors=True)
             return False
-        proc = subprocess.run(
-            [self.uv, "cache", "prune", "--ci", "--cache-dir", self.path, "--quiet"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        self.pruned = "pruned" if proc.returncode == 0 else f"uv cache prune failed: {proc.stderr.strip()}"
+        try:
+            drop_unpacked_wheels(self.path)
+            self.pruned = "pruned"
+        except OSError as err:
+            self.pruned = f"removing the unpacked wheels failed: {err}"
         return False
 
     def summary(self) -> dict:
         if self.temporary:
             return {"path": None, "bytes": 0, "pruned": "temporary, removed after the plan"}
         return {"path": self.path, "bytes": folder_bytes(self.path), "pruned": self.pruned}
+
+
+def drop_unpacked_wheels(path: str) -> None:
+    """Remove from uv's cache at ``path`` the wheels it unpacked (``archive-v*``) and every entry that points into
+    them (links, ``.rev`` revisions of local wheels, ``.http`` records of downloaded wheels, which uv would follow to
+    an archive that is gone instead of reading the wheel again); what uv keeps of the indexes stays: the pages
+    (``simple-v*``) and the METADATA it read of each wheel (``.msgpack``)."""
+    for name in os.listdir(path):
+        if name.startswith("archive-v"):
+            shutil.rmtree(os.path.join(path, name))
+    for root, dirs, files in os.walk(path):
+        wheels = os.path.relpath(root, path).split(os.sep)[0].startswith("wheels-v")
+        for name in dirs + files:
+            entry = os.path.join(root, name)
+            if os.path.islink(entry) or (wheels and name.endswith((".rev", ".http"))):
+                os.unlink(entry)
 
 
 def folder_bytes(path: str) -> int:

@@ -23,7 +23,9 @@ from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _wheels as
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
 
+from lab.mirrors import PrivateServer  # noqa: E402
 from lab.recorded_index import RecordedIndex, RecordedPages, recorded_profile  # noqa: E402
+from lab.tiny_wheel import tiny_wheel  # noqa: E402
 from lab.validating import by_agent, validating  # noqa: E402
 
 TARGET = w.Target("3.11", "x86_64-manylinux_2_28")
@@ -132,6 +134,9 @@ def test_a_replan_with_the_controller_cache_makes_conditional_requests_only(page
     lock = wp.make_lock(profile, TARGET, first, uv, tools=(), today=dt.date(2026, 3, 1), cache_dir=cache_dir)
     # Within one plan too: the hash-less torch file is HEADed to date it and again to settle its hash (304).
     assert lock["index_requests"]["requests"] == first.requests > first.conditional
+    # uv is given each chosen wheel with its sha256: it reads the METADATA by range and never downloads a wheel.
+    uv_asked = [a for s in pages.values() for a in by_agent(s.asked, "uv/")]
+    assert uv_asked and all(a["method"] == "HEAD" or a["range"] for a in uv_asked)
     _forget(pages)
     again = ix.Fetcher()
     relock = wp.make_lock(profile, TARGET, again, uv, tools=(), today=dt.date(2026, 3, 1), cache_dir=cache_dir)
@@ -145,3 +150,39 @@ def test_a_replan_with_the_controller_cache_makes_conditional_requests_only(page
     }
     # No wheel crossed: the hash-less torch link was settled from the record (one conditional HEAD), not downloaded.
     assert again.downloads == [] and again.bytes_in == 0
+    # uv kept the METADATA it read (only the wheels it unpacked are removed after a plan): it asks nothing again.
+    assert [a for s in pages.values() for a in by_agent(s.asked, "uv/")] == []
+
+
+@pytest.mark.skipif(shutil.which("uv", path=str(Path(sys.executable).parent)) is None, reason="needs uv")
+def test_a_replan_does_not_read_the_dependencies_metadata_again(tmp_path):
+    """uv's cache under the controller folder keeps the METADATA uv read of each dependency (only the wheels it
+    unpacked are removed after a plan): a re-plan asks the index for its pages, never for a dependency's wheel."""
+    root = tmp_path / "index"
+    root.mkdir()
+    tiny_wheel(root, "serve-app", "1.0", ["app-dep-a", "app-dep-b>=2"])
+    tiny_wheel(root, "app-dep-a", "1.0")
+    tiny_wheel(root, "app-dep-b", "2.0")
+    log = tmp_path / "access.jsonl"
+    with PrivateServer("replan-deps", ["--kind", "pypi", "--root", str(root)], "/simple", log) as server:
+        profile = {
+            "name": "deps",
+            "python": {"version": "3.11"},
+            "cuda": {"version": "13.0"},
+            "wheels": {
+                "indexes": [{"name": "default", "url": server.url}],
+                "packages": [{"name": "serve-app", "spec": "==1.0", "indexes": ["default"]}],
+                "rules": {},
+            },
+        }
+        cache_dir = str(tmp_path / "cache")
+        plans = []
+        for _ in range(2):
+            start = len(log.read_text().splitlines())
+            lock = wp.make_lock(profile, TARGET, ix.Fetcher(), wp.find_uv(), tools=(), cache_dir=cache_dir)
+            plans.append([json.loads(line) for line in log.read_text().splitlines()[start:]])
+    assert {e["name"] for e in lock["packages"]} == {"serve-app", "app-dep-a", "app-dep-b"}
+    wheels_read = [[r for r in asked if r["path"].endswith(".whl") and "dep" in r["path"]] for asked in plans]
+    assert wheels_read[0], "the first plan reads each dependency's METADATA from its wheel"
+    assert wheels_read[1] == []
+    assert not list((tmp_path / "cache" / "uv").glob("archive-v*"))
