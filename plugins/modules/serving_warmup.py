@@ -195,6 +195,8 @@ def write_record(path, doc):
 
 def run(module, params, clock=time.monotonic):
     host = socket.gethostname()
+    # The venv a link such as current points at now: the record says which stack returned.
+    params = dict(params, venv=os.path.realpath(params["venv"]) if params["venv"] else "")
     dirs, dirs_from = cache_dirs(params, module)
     client = Client(params["server_url"], timeout=params["request_timeout"])
     result = _warmup.warm_up(

@@ -184,7 +184,7 @@ class FlashInferKernels:
     def step(self, prefill_tokens: int, batch: int, sampled: bool) -> None:
         fi = self.fi
         if prefill_tokens:
-            fi.single_prefill_with_kv_cache(self.qp, self.k, self.v, causal=True)
+            fi.single_prefill_with_kv_cache(self.qp, self.k, self.v, causal=True, backend="fa2")
         if batch:
             fi.single_decode_with_kv_cache(self.q, self.k, self.v)
             if sampled:
