@@ -483,7 +483,7 @@ def _pair_verdict(name, have, target, with_have, comp, checks, in_profile) -> di
                 f" {target} release, and wheels.rules.companions has no row for {name}: which {target} it was"
                 f" built against is not judged (add a companions row to judge it)"
             )
-    if checks:
+    if checks and (out["problem"] or any(pin for *_rest, pin in checks)):
         by = "; ".join(f"{src}: {what}" for src, _ok, what, _pin in checks)
         out["pair"] = {
             "package": name,
@@ -492,7 +492,6 @@ def _pair_verdict(name, have, target, with_have, comp, checks, in_profile) -> di
             "with_version": with_have,
             "by": by,
             "ok": out["problem"] is None,
-            "pinned": any(pin for *_rest, pin in checks),
         }
     return out
 
@@ -542,6 +541,7 @@ def unjudged_lines(bounds_only: dict, torch_links: dict, pairs: list, versions: 
     judged = {p["package"] for p in pairs}
     torch = versions.get(DEFAULT_WITH)
     lines = [line for name, line in sorted(bounds_only.items()) if torch_links.get(name, None) != ""]
+    judged |= set(bounds_only)
     lines += [
         f"{name} {versions[name]} links torch's libraries ({where}) but neither its METADATA nor"
         f" wheels.rules.companions says which torch it was built against: its pairing with torch {torch} is not judged"
@@ -651,8 +651,8 @@ def report_lines(rules_report: dict) -> list:
     )
     lines.extend(f"CUDA exception: {line}" for line in rules_report.get("cuda_allowed") or [])
     for pair in rules_report.get("companions") or []:
-        how = "pairs with" if pair.get("pinned", True) else "admits"
         lines.append(
-            f"companion {pair['package']} {pair['version']} {how} {pair['with']} {pair['with_version']} ({pair['by']})"
+            f"companion {pair['package']} {pair['version']} pairs with {pair['with']} {pair['with_version']}"
+            f" ({pair['by']})"
         )
     return lines + not_judged_lines(rules_report)

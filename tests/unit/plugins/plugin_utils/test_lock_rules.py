@@ -160,7 +160,6 @@ def test_a_companion_on_another_torch_is_refused_with_both_packages_and_the_fix(
             "with_version": "2.11.0+cu130",
             "by": "the profile: torch 2.11 <-> torchvision 0.26",
             "ok": True,
-            "pinned": True,
         }
     ]
 
