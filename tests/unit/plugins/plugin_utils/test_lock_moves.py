@@ -45,7 +45,7 @@ def lock_text(packages, digest=OLD, venv=VENV):
     return "\n".join(lines) + "\n"
 
 
-def located(packages=OLD_PACKAGES, current=f"{SERVING}/venvs/{VENV}", verified=OLD, profile="lab"):
+def located(packages=None, current=f"{SERVING}/venvs/{VENV}", verified=OLD, profile="lab"):
     return {
         "platform": PLATFORM,
         "current": current,
@@ -53,7 +53,7 @@ def located(packages=OLD_PACKAGES, current=f"{SERVING}/venvs/{VENV}", verified=O
         "recorded": {
             "state_path": "/var/lib/gpufleet/state.json",
             "lock": {"venv_name": VENV, "hash": OLD, "profile": profile, "file": "/c/locks/x.lock.yml"},
-            "lock_text": lock_text(packages),
+            "lock_text": lock_text(packages or OLD_PACKAGES),
             "lock_text_path": f"{SERVING}/locks/{VENV}.txt",
         },
     }
@@ -69,7 +69,7 @@ def plan(packages, digest=NEW, platform=PLATFORM):
     }
 
 
-def write_controller_copy(tmp_path, profile=PROFILE, platform=PLATFORM, packages=OLD_PACKAGES):
+def write_controller_copy(tmp_path, profile=None, platform=PLATFORM):
     """The lock file the controller wrote when it planned the host's lock (action wheel_plan)."""
     lock = {
         "platform": platform,
@@ -78,13 +78,16 @@ def write_controller_copy(tmp_path, profile=PROFILE, platform=PLATFORM, packages
         "hash12": OLD[:12],
         "venv_name": VENV,
         # A lock file keeps each wheel's URL too.
-        "packages": [dict(p, url=f"http://127.0.0.1:38100/packages/{p['filename']}") for p in packages],
+        "packages": [dict(p, url=f"http://127.0.0.1:38100/packages/{p['filename']}") for p in OLD_PACKAGES],
         "tools": [],
         "overrides": [],
         "lock_rules": {},
     }
     (tmp_path / "locks").mkdir(exist_ok=True)
-    lf.write(str(tmp_path / "locks" / f"{VENV}.lock.yml"), lf.dumps(lf.make_document(profile, [lock], "2026-12-01")))
+    lf.write(
+        str(tmp_path / "locks" / f"{VENV}.lock.yml"),
+        lf.dumps(lf.make_document(profile or PROFILE, [lock], "2026-12-01")),
+    )
     return str(tmp_path)
 
 
