@@ -48,9 +48,8 @@ SAME, NO_LOCK, NOT_RUNNING, PROFILE_CHANGED, PLATFORM_CHANGED, SAME_WHEELS, MOVE
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(\S+)\s+--hash=sha256:([0-9a-fA-F]{64})\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 FIX = (
-    "fix: review the move as a lock file (ansible-playbook playbooks/plan.yml -e gpufleet_lock_file=<file>, review"
-    " and commit it, then ansible-playbook playbooks/upgrade.yml -e gpufleet_lock_file=<file>), or take the new plan"
-    " as it is with -e gpufleet_accept_new_plan=true"
+    "Fix: plan a lock file and apply it (playbooks/plan.yml, then playbooks/upgrade.yml, with -e"
+    " gpufleet_lock_file=<file>), or take the new plan with -e gpufleet_accept_new_plan=true"
 )
 
 
@@ -204,12 +203,12 @@ def judge(located, plan, profile, host="host", controller_dir=None, accept=False
     unknown = (
         ""
         if entry is not None
-        else f" (this controller holds no copy of that lock, {kept}, so a change of the profile since cannot be told"
-        " from a change of the indexes)"
+        else f" ({kept} is not on this controller, so a change of the profile since cannot be told from one of the"
+        " indexes)"
     )
+    # The summary cuts a reason at 700 characters: the changes and the fix come first, one republished wheel fits.
     message = (
-        f"{host}: the indexes changed since this host's lock {lock['venv_name']}, which it runs in sync; a plan made"
-        f" now would move it to {plan.get('venv_name')}: {'; '.join(lines)}. Without a lock file a re-run does not"
-        f" move a host because an index changed{unknown}; {FIX}. Nothing was changed"
+        f"{host}: the indexes changed since this host's lock {lock['venv_name']}, which it runs in sync; the plan made"
+        f" now, {plan.get('venv_name')}: {'; '.join(lines)}. {FIX}. Nothing was changed{unknown}"
     )
     return dict(result, status=MOVED, changes=changes, lines=lines, refuse=not accept, message=message)

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KERNEL = "0.3.21+cu130"
 WHEEL = f"lab_sgl_kernel-{KERNEL}-py3-none-any.whl"
 SERVING = "/opt/gpufleet/serving"
-REFUSE_TASK = "Refuse to move a host off the lock it runs because an index changed"
+REFUSE_TASK = "Refuse to move a host off its lock because an index changed"
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,8 @@ def test_a_plain_rerun_refuses_naming_republished_and_both_hashes_and_changes_no
     assert msg.endswith("Nothing was changed"), msg
     outcome = report(refused, node)["outcome"]
     assert outcome.startswith("failed preflight: ") and "the indexes changed since this host's lock" in outcome
+    # The run's summary carries the whole refusal, its fix included.
+    assert outcome.endswith("-e gpufleet_accept_new_plan=true. Nothing was changed"), outcome
     # Refused in the assess phase: no phase that changes the host ran.
     assert not refused.tasks("Pull the locked wheels, build the new venv and verify it", node)
     assert scenario["after_refusal"] == scenario["before"]
