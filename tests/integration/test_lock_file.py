@@ -7,7 +7,9 @@ Nothing changes because of it: the audit still finds the host in sync (it judges
 recorded on the host), a re-run with the upgrade's lock file changes nothing and asks no index anything (the private
 indexes' access logs stay empty). plan.yml then shows exactly that build in its diff (--check writes nothing), and
 applying the new lock file upgrades the host to it. A lock file made for another profile, or whose wheels are gone
-from the wheelhouse, is refused before the host changes.
+from the wheelhouse, is refused before the host changes; so are a wheel replaced in the controller's wheelhouse by
+other bytes of the same size with its mtime put back, a lock file edited by hand, and a wheel URL off the profile's
+indexes (at the audit, before anything is fetched).
 
 The indexes are private copies (lab.mirrors.PrivateServer) so that publishing a build changes nothing for other
 tests that use the shared mirrors, and so that their access logs count only this test's requests.
@@ -15,6 +17,7 @@ tests that use the shared mirrors, and so that their access logs count only this
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
 from lab import wheels as lab_wheels
 from lab.common import MIRRORS
 from lab.mirrors import PrivateServer
@@ -235,7 +239,8 @@ def test_a_lock_of_another_profile_or_with_a_missing_wheel_is_refused_before_the
     state = node_exec(node, f"stat -c %Y {STATE}", check=True).stdout.strip()
     doc = yaml.safe_load(scenario["fleet_lock"].read_text())
     other = tmp_path / "other-profile.lock.yml"
-    other.write_text(yaml.safe_dump(dict(doc, profile={"name": "lab", "hash": "0" * 64})))
+    # Sealed with a digest, as plan.yml writes it: the profile's hash is what differs.
+    other.write_text(lf.dumps(lf.seal(dict(doc, profile={"name": "lab", "hash": "0" * 64}))))
     refused = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml", lock=other)
     assert refused.rc != 0
     assert "the profile changed since the plan" in refusal(refused), refused
@@ -254,3 +259,68 @@ def test_a_lock_of_another_profile_or_with_a_missing_wheel_is_refused_before_the
     assert "no longer holds every wheel" in refusal(refused) and wheelhouse.name in refusal(refused), refused
     assert node_exec(node, f"stat -c %Y {STATE}", check=True).stdout.strip() == state
     assert current(node_exec, node) == scenario["venv_after_apply"]
+
+
+def controller_wheelhouse(fleet) -> Path:
+    inventory = yaml.safe_load(Path(fleet.inventory).read_text())
+    return Path(inventory["all"]["children"]["gpufleet_lab"]["vars"]["gpufleet_controller_dir"]) / "wheelhouse"
+
+
+def test_a_tampered_wheel_a_hand_edit_and_a_file_url_are_refused_before_the_host_changes(
+    fleet, indexes, run_playbook, node_exec, tmp_path
+):
+    """Issue 42: each is refused by the lock file's play, naming what was found, before any host changes."""
+    node = fleet.nodes[0]
+    made = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml")
+    assert made.rc == 0, made
+    text = made.task("Show the plan").res["msg"][0]
+    lock = Path(text.split("written to ", 1)[1].split(";", 1)[0])
+    before = (node_exec(node, f"stat -c %Y {STATE}", check=True).stdout.strip(), current(node_exec, node))
+    doc = lf.read(str(lock))
+    kernel = next(p for p in doc["entries"][0]["packages"] if p["name"] == "lab-sgl-kernel")
+
+    # Other bytes of the same size with the wheel's mtime put back (cp -p): the controller reads it again.
+    held = controller_wheelhouse(fleet) / kernel["filename"]
+    kept = tmp_path / "kept.whl"
+    shutil.copy2(held, kept)
+    stat = held.stat()
+    body = bytearray(held.read_bytes())
+    body[-1] ^= 0xFF
+    held.write_bytes(bytes(body))
+    os.utime(held, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    try:
+        refused = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml", lock=lock)
+    finally:
+        shutil.copy2(kept, held)  # put back with cp -p: taken again (hashed anew)
+    assert refused.rc != 0
+    found = hashlib.sha256(bytes(body)).hexdigest()
+    messages = [refusal(refused)]
+    assert f"{kernel['filename']} (locked sha256 {kernel['sha256']}, the file there has {found})" in messages[0]
+
+    # A version edited by hand.
+    base, _plus, local = kernel["version"].partition("+")
+    by_hand = f"{base}.1+{local}"
+    text = lock.read_text()
+    start = text.index(f"filename: {kernel['filename']}")
+    end = text.find("- filename:", start)
+    block = text[start:end].replace(f"version: {kernel['version']}", f"version: {by_hand}", 1)
+    edited = tmp_path / "edited.lock.yml"
+    edited.write_text(text[:start] + block + text[end:] if end != -1 else text[:start] + block)
+    refused = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml", lock=edited)
+    assert refused.rc != 0
+    messages.append(refusal(refused))
+    assert f"package lab-sgl-kernel: version {by_hand}, but its file {kernel['filename']}" in messages[1], messages[1]
+
+    # A file: URL in a lock sealed with its digest: the audit refuses it (nothing is read from it).
+    forged = tmp_path / "forged.lock.yml"
+    kernel["url"] = "file:///etc/shadow"
+    forged.write_text(lf.dumps(lf.seal(doc)))
+    audit = run(run_playbook, fleet, indexes, "playbooks/audit.yml", lock=forged, check=True)
+    assert audit.rc != 0
+    messages.append(refusal(audit))
+    assert "package lab-sgl-kernel: file:///etc/shadow" in messages[2], messages[2]
+
+    assert (node_exec(node, f"stat -c %Y {STATE}", check=True).stdout.strip(), current(node_exec, node)) == before
+    again = run(run_playbook, fleet, indexes, "playbooks/upgrade.yml", lock=lock)
+    assert again.rc == 0, again
+    print("\nissue-42 refusals:\n" + "\n".join(messages))
