@@ -196,8 +196,12 @@ lock:
       type: dict
     lock_rules:
       description: What the lock rules found, C(cuda) (per package the CUDA major it is built for and how that was
-        read), C(cuda_allowed) (mismatches the profile allows, with its reason) and C(companions) (each pair
-        checked, C(by) the profile's table or the METADATA pin).
+        read; C(builds) for a wheel that carries a build per CUDA major and chooses one at import),
+        C(cuda_allowed) (mismatches the profile allows, with its reason), C(companions) (each pair a pin or the
+        profile's table proves, C(by) which; every METADATA requirement on the package it is built against is held
+        against the lock), and what could not be judged, C(cuda_not_fetched) (compiled wheels not read, not being
+        on the controller, as in check mode), C(cuda_unread) (pyelftools missing) and C(unjudged) (pairs no rule
+        proves); the action also returns these as warnings.
       type: dict
     wheelhouse:
       description: Controller folder holding every locked wheel.
