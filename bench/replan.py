@@ -5,6 +5,7 @@
 indexes that serve ETag / Last-Modified and answer 304 (lab/validating.py), each request after --latency seconds.
 
     python bench/replan.py [--latency 0.05] [--repeats 3]
+    python bench/replan.py --real stacks/cu130.yml --drop flashinfer-jit-cache --allow-stale --repeats 1
 
 Run from a checkout that predates the validators (lab/validating.py and this file copied in), it measures that
 checkout's re-plan as "before" (the figures of the old code: uv's cache pruned with --ci, wheels given to uv without
@@ -16,6 +17,9 @@ Two scenarios, each planned once cold, then re-planned --repeats times per way:
             sha256, a republished sgl-kernel, an undated flashinfer page, PyTorch's 403s);
   default   the probe over the default index's recorded listings of torch, sglang, sgl-kernel, flashinfer-python
             and flashinfer-cubin (1,706 files) and the METADATA (PEP 658) the recording holds.
+--real plans a shipped profile's default-index copy (as bench/real_stack.py --plan-only --default-index-only makes
+it) in check mode, cold and then --repeats times with the same controller cache folder, on the machine's configured
+default index, read at run time.
 Prints JSON: per scenario and way the median wall seconds of a re-plan, the planner's requests (all, conditional,
 answered 304), uv's requests (pages scenario), and the bytes the planner read.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -156,12 +161,53 @@ def default_scenario(latency: float, repeats: int) -> dict:
     return {"cold": _summary([cold]), **{way: _summary(rs) for way, rs in runs.items()}}
 
 
+def real_scenario(profile_path: str, drop: list, allow_stale: bool, repeats: int) -> dict:
+    """A shipped profile's default-index copy (bench/real_stack.py --default-index-only), planned in check mode
+    (no wheelhouse) with one controller cache folder, cold then re-planned: the machine's configured default index is
+    read at run time by the profile loader ("default"), never named here."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from real_stack import default_index_only, host_platform
+
+    from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _profile
+
+    with tempfile.TemporaryDirectory(prefix="replan-real-") as tmp:
+        copy, changes = default_index_only(Path(profile_path), Path(tmp), drop, [], allow_stale)
+        profile = _profile.load_profile(path=str(copy))
+        target = w.Target(profile["python"]["version"], host_platform())
+        cache_dir, uv = str(Path(tmp) / "cache"), wp.find_uv()
+        runs = []
+        for _ in range(1 + repeats):
+            fetcher = _fetcher("after", cache_dir)
+            t0 = time.monotonic()
+            lock = wp.make_lock(profile, target, fetcher, uv, tools=(), cache_dir=cache_dir)
+            runs.append(
+                {
+                    "seconds": round(time.monotonic() - t0, 1),
+                    "hash": lock["hash"][:12],
+                    "packages": len(lock["packages"]),
+                    "planner_requests": fetcher.requests,
+                    "planner_conditional": getattr(fetcher, "conditional", 0),
+                    "planner_304": getattr(fetcher, "revalidated", 0),
+                    "planner_bytes": fetcher.bytes_in,
+                    "uv_cache_bytes": lock["uv_cache"]["bytes"],
+                }
+            )
+    return {"profile": profile_path, "changes": changes, "cold": runs[0], "replans": runs[1:]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["pages", "default"])
+    parser.add_argument("--real", metavar="PROFILE", help="plan this shipped profile's default-index copy instead")
+    parser.add_argument("--drop", action="append", default=[], help="with --real: a package the index lacks")
+    parser.add_argument("--allow-stale", action="store_true", help="with --real: as bench/real_stack.py")
     args = parser.parse_args()
+    if args.real:
+        out = real_scenario(args.real, args.drop, args.allow_stale, args.repeats)
+        print(json.dumps({**out, "load_avg_5m": round(os.getloadavg()[1], 1)}, indent=1))
+        return 0
     out = {"latency_s": args.latency, "repeats": args.repeats}
     if args.only in (None, "default"):
         out["default"] = default_scenario(args.latency, args.repeats)

@@ -201,6 +201,7 @@ def _counts(fetcher):
         "requests": fetcher.requests,
         "conditional": fetcher.conditional,
         "not_modified": fetcher.revalidated,
+        "metadata_by_sha256": fetcher.metadata_by_sha256,
         "bytes_in": fetcher.bytes_in,
     }
 

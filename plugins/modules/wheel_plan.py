@@ -63,7 +63,8 @@ description:
     index pages, METADATA files, METADATA read from wheels by range and HEAD answers, each with the ETag and
     Last-Modified the index served it with (C(cache/index)), asked for again with C(If-None-Match) /
     C(If-Modified-Since); a re-plan of an unchanged profile makes conditional requests only, and a 304 reuses what
-    is kept (an answer without a validator is not kept). uv's cache (C(cache/uv)), from which the wheels uv
+    is kept (an answer without a validator is not kept). The METADATA of a wheel listed (or locked) with a sha256 is
+    kept by that sha256 and not asked for again. uv's cache (C(cache/uv)), from which the wheels uv
     downloaded and unpacked are removed after each plan while its index pages and the METADATA it read stay (the
     report says how many bytes remain). The sha256 the controller computed for links their index lists without one
     (C(cache/url-sha256.json)), by URL with the size, ETag and Last-Modified the index served the file with, so a
@@ -215,8 +216,8 @@ lock:
       type: list
       elements: dict
     index_requests:
-      description: The planner's C(requests) to the indexes for this lock, C(conditional) ones and C(not_modified)
-        answers (cumulative over the targets of one run).
+      description: The planner's C(requests) to the indexes for this lock, C(conditional) ones, C(not_modified)
+        answers and C(metadata_by_sha256) (cumulative over the targets of one run).
       type: dict
 lock_path:
   description: Path of the lock file on the controller.
@@ -229,7 +230,8 @@ report:
   elements: str
 fetch:
   description: What crossed from the indexes in this run (files fetched or reused, C(bytes_in)), the planner's
-    C(requests), those asked with validators (C(conditional)) and those answered 304 (C(not_modified)).
+    C(requests), those asked with validators (C(conditional)), those answered 304 (C(not_modified)) and the METADATA
+    taken by its wheel's sha256 without a request (C(metadata_by_sha256)).
   returned: success
   type: dict
 index_refusals:

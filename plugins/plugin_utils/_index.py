@@ -103,10 +103,11 @@ class ValidatorCache(_Record):
         super().__init__(os.path.join(cache_dir, "index"))
         self._mutex = threading.Lock()
         self.revalidated = 0  # 304 answers: kept copies used
+        self.by_content = 0  # METADATA taken by the listed sha256 of its wheel, no request
 
     @staticmethod
     def _valid(entry) -> bool:
-        return isinstance(entry, dict) and bool(entry.get("etag") or entry.get("last_modified"))
+        return isinstance(entry, dict) and bool(entry.get("etag") or entry.get("last_modified") or entry.get("sha256"))
 
     @staticmethod
     def key(kind: str, url: str) -> str:
@@ -158,6 +159,21 @@ class ValidatorCache(_Record):
             self._table[key] = entry
             self._changed = True
 
+    def by_digest(self, kind: str, sha256: str) -> bytes | None:
+        """A body kept by the sha256 of the file it was read from (``put_digest``), else None."""
+        key = self.key(kind, f"sha256:{sha256}")
+        if key not in self._table or not os.path.isfile(self._body_path(key)):
+            return None
+        with open(self._body_path(key), "rb") as handle:
+            body = handle.read()
+        with self._mutex:
+            self.by_content += 1
+        return body
+
+    def put_digest(self, kind: str, sha256: str, body: bytes) -> None:
+        """Keep what was read of the file with that sha256 (its METADATA): the same for as long as the sha256 is."""
+        self.put(self.key(kind, f"sha256:{sha256}"), {}, "", body, sha256=sha256)
+
     def _kept(self) -> dict:
         return {k: e for k, e in self._table.items() if not e.get("body") or os.path.isfile(self._body_path(k))}
 
@@ -189,6 +205,11 @@ class Fetcher:
     def revalidated(self) -> int:
         """Answers 304 (Not Modified): what the cache kept was used."""
         return self.cache.revalidated if self.cache else 0
+
+    @property
+    def metadata_by_sha256(self) -> int:
+        """METADATA taken from the cache by the listed sha256 of its wheel, without a request."""
+        return self.cache.by_content if self.cache else 0
 
     def _count(self, requests=0, nbytes=0, conditional=0):
         with self._lock:
@@ -307,7 +328,21 @@ class Fetcher:
         }
 
     def metadata(self, cand: Candidate) -> Metadata:
-        """The wheel's METADATA: PEP 658 file when offered, else read from the zip's tail with HTTP ranges."""
+        """The wheel's METADATA: PEP 658 file when offered, else read from the zip's tail with HTTP ranges. A wheel
+        its listing gives one sha256 for is a fixed file: its METADATA, read once, is kept by that sha256 and not
+        asked for again (an index that serves no validators, as a mirror may, would otherwise be read again every
+        plan; the file's bytes are checked against that sha256 when it is fetched)."""
+        digest = cand.sha256 if cand.sha256 and not cand.listed_hashes and cand.sha256_source == "index" else None
+        if digest and self.cache:
+            kept = self.cache.by_digest("metadata", digest)
+            if kept is not None:
+                return Metadata.from_email(kept, validate=False)
+        raw = self._metadata_raw(cand)
+        if digest and self.cache:
+            self.cache.put_digest("metadata", digest, raw)
+        return Metadata.from_email(raw, validate=False)
+
+    def _metadata_raw(self, cand: Candidate) -> bytes:
         raw = None
         if cand.metadata_url:
             try:
@@ -323,7 +358,7 @@ class Fetcher:
                 raise IndexUnreachable(
                     f"reading the METADATA of {cand.url} (index {cand.index!r}) failed: {getattr(exc, 'reason', exc)}"
                 ) from exc
-        return Metadata.from_email(raw, validate=False)
+        return raw
 
     def _metadata_from_wheel(self, cand: Candidate) -> bytes:
         """The METADATA member of the wheel, read by range after a HEAD; kept with the validators of that HEAD, so a

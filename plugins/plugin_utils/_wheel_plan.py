@@ -385,6 +385,7 @@ def make_lock(
         "requests": fetcher.requests,
         "conditional": fetcher.conditional,
         "not_modified": fetcher.revalidated,
+        "metadata_by_sha256": fetcher.metadata_by_sha256,
     }
     return lock
 
@@ -578,7 +579,8 @@ def finish_lock(profile: dict, packages: list, graph: dict, target: Target, meta
     requires = {}
     for name in metadata_wanted(packages, companions, graph):
         entry = by_name[name]
-        cand = make_candidate(entry.get("index") or "lock", entry["filename"], entry["url"])
+        # With the locked sha256 its METADATA is read once and kept by it (_index.Fetcher.metadata).
+        cand = make_candidate(entry.get("index") or "lock", entry["filename"], entry["url"], sha256=entry["sha256"])
         requires[name] = declared_requirements(metadata_of(cand), target)
     return judge_lock(packages, graph, requires, profile, wheelhouse=wheelhouse)
 

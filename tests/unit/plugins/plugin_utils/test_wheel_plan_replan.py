@@ -147,6 +147,8 @@ def test_a_replan_with_the_controller_cache_makes_conditional_requests_only(page
         "requests": len(asked) + len(again.not_carried),
         "conditional": len(asked),
         "not_modified": len(asked),
+        # flashinfer's page lists the jit-cache wheel's sha256: its METADATA is taken by it, without a request.
+        "metadata_by_sha256": 1,
     }
     # No wheel crossed: the hash-less torch link was settled from the record (one conditional HEAD), not downloaded.
     assert again.downloads == [] and again.bytes_in == 0
@@ -186,3 +188,27 @@ def test_a_replan_does_not_read_the_dependencies_metadata_again(tmp_path):
     assert wheels_read[0], "the first plan reads each dependency's METADATA from its wheel"
     assert wheels_read[1] == []
     assert not list((tmp_path / "cache" / "uv").glob("archive-v*"))
+
+
+def test_metadata_of_a_wheel_listed_with_its_sha256_is_not_asked_for_again_where_the_index_gives_no_validators(
+    tmp_path,
+):
+    """A mirror that serves no ETag or Last-Modified (as this machine's mirror of the default index does) cannot be
+    asked conditionally: its pages are read again, but a wheel's METADATA is the same for as long as its sha256 is."""
+    wheels = {
+        "indexes": [{"name": "default", "url": ""}],
+        "packages": [{"name": "sglang", "spec": "==0.5.9", "indexes": ["default"]}],
+        "rules": {},
+    }
+    target = w.Target("3.12", "x86_64-manylinux_2_28")
+    with RecordedIndex(projects=("sglang",)) as idx:
+        wheels["indexes"][0]["url"] = idx.url
+        rules_by_pkg, _rules = w.rules_from_profile(wheels)
+        firsts = []
+        for _ in range(2):
+            fetcher = ix.Fetcher(cache=ix.ValidatorCache(str(tmp_path)))
+            (sglang,) = [c for c in wp.probe(fetcher, wheels, rules_by_pkg, target) if c.filename in idx.metadata]
+            firsts.append(fetcher.metadata(sglang).requires_dist)
+            fetcher.cache.save()
+        assert idx.count("GET", ".metadata") == 1 and idx.count("GET", "/sglang/") == 2
+    assert firsts[0] == firsts[1] and fetcher.metadata_by_sha256 == 1 and fetcher.conditional == 0
