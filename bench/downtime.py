@@ -1,15 +1,17 @@
 # Copyright: gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Serving downtime per host against the host's whole upgrade, for each drain mode.
+"""Drained time per host, and the share each edge of the return to service takes, with and without a prepared JIT
+cache, for each drain mode.
 
-    python bench/downtime.py [--modes none,stop,tasks] [--repeats 1] [--keep]
+    python bench/downtime.py [--modes stop,haproxy] [--caches cold,prepared] [--repeats 1] [--keep]
 
-For each mode: a fresh one-node lab dt-<mode> at the old stack, upgrade.yml once, then the run's fleet report
-(report.json, written by the summary callback) gives the host's downtime (the serving unit down - stopped or
-restarting - until its /health wait answered on the new stack) and its upgrade time (first phase to its report).
-Goal (issue: fleet scale): downtime / upgrade time <= 10 % in the lab. Mode tasks runs a drain and an undrain
-task file that only write a marker on the host (stand-ins for a load balancer's API); haproxy and slurm need their
-lab servers and are measured by tests/integration/test_drain_haproxy.py and test_drain_slurm.py.
+For each mode and cache: a fresh one-node lab dt-<mode>-<cache> at the old stack, upgrade.yml once, then the run's
+fleet report (report.json, written by the summary callback) gives the host's drained time (the phases the phase table
+marks drained, plus undrain), its downtime and its return to service edge by edge (stop -> process up -> /health ->
+warm, role serving and the post-check's warm-up). The stand-in loads for LOAD_S before it binds and JIT-compiles
+each kernel of a new request shape in COMPILE_S (its lab mode); ``prepared`` writes the new stack's kernels into the
+node's cache before the upgrade, which is what the prepare phase's module jit_cache does on a GPU host (the lab venv
+holds no FlashInfer for it to build with). Mode haproxy starts the lab's HAProxy (lab/haproxy.py) in front of the node.
 """
 
 from __future__ import annotations
@@ -18,73 +20,92 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "lab" / "wheels" / "lab-sglang" / "src"))
 
+from lab_sglang.jit import kernels_for  # noqa: E402
+
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._state import PHASE_TABLE  # noqa: E402
+from lab import haproxy as lab_haproxy  # noqa: E402
 from lab import mirrors, nodes  # noqa: E402
 from lab.common import mirror_ports  # noqa: E402
 from lab.harness import run_playbook  # noqa: E402
 
-HOOK = """---
-- name: Mark the host {state} (stand-in for a load balancer's API)
-  ansible.builtin.copy:
-    dest: /run/gpufleet-bench-{state}
-    content: "{state}\\n"
-    mode: "0644"
-"""
+LOAD_S, COMPILE_S = 3.0, 2.0
+LAB_SERVER = {"LAB_SGLANG_LOAD_S": str(LOAD_S), "LAB_SGLANG_JIT_COMPILE_S": str(COMPILE_S)}
+# The new lab stack's flashinfer (lab-flashinfer-python 0.6.4) and the stand-in's arch folder.
+CACHE = "/root/.cache/flashinfer/0.6.4/lab/cached_ops"
+DRAINED = [p.name for p in PHASE_TABLE if p.drained] + ["undrain"]
 
 
-def one(mode: str, ports: dict, hooks: Path, keep: bool) -> dict:
-    lab = f"dt-{mode}"
+def seed_cache(node: str, concurrency=(1,)) -> list:
+    """The kernels the new server meets at these levels, written where it looks (jit_cache builds them on GPU hosts)."""
+    names = sorted({k for c in concurrency for s in (False, True) for k in kernels_for(s, c, True, 16)})
+    script = "; ".join(f"mkdir -p {CACHE}/{k} && echo prepared > {CACHE}/{k}/{k}.so" for k in names)
+    nodes.node_exec(node, ["sh", "-c", script], check=True)
+    return names
+
+
+def one(mode: str, cache: str, ports: dict, keep: bool) -> dict:
+    lab = f"dt-{mode}-{cache}"
     nodes.down(lab)
-    nodes.up(1, lab, ports)
-    extravars = {"gpufleet_drain": mode}
-    if mode == "tasks":
-        extravars.update(
-            gpufleet_drain_tasks=str(hooks / "drain.yml"), gpufleet_undrain_tasks=str(hooks / "undrain.yml")
-        )
+    made = nodes.up(1, lab, ports)
+    node = made["nodes"][0]
+    extravars = {"gpufleet_drain": mode, "serving_env": LAB_SERVER}
     try:
+        if mode == "haproxy":
+            info = lab_haproxy.start(lab)
+            extravars.update(
+                gpufleet_haproxy_socket=info["socket"], gpufleet_haproxy_backend=info["backend"],
+                gpufleet_haproxy_server=node,
+            )  # fmt: skip
+        seeded = seed_cache(node) if cache == "prepared" else []
         res = run_playbook("playbooks/upgrade.yml", REPO / ".lab" / lab / "inventory.yml", extravars=extravars)
         if res.rc != 0:
-            raise SystemExit(f"upgrade with gpufleet_drain={mode} failed:\n{res}")
+            raise SystemExit(f"upgrade with gpufleet_drain={mode} ({cache}) failed:\n{res}")
         reports = sorted((REPO / ".lab" / lab / "controller" / "runs").glob("*/report.json"))
         host = json.loads(reports[-1].read_text())["hosts"][0]
+        drained = round(sum(p["duration_s"] or 0 for p in host["phases"] if p["name"] in DRAINED), 1)
+        ret = host["return"]
+        edges = {e["key"]: e["s"] for e in ret["edges"]}
         return {
+            "drained_s": drained,
             "downtime_s": host["downtime_s"],
             "upgrade_s": host["duration_s"],
-            "drain_phase_s": next((p["duration_s"] for p in host["phases"] if p["name"] == "drain"), None),
+            "return_s": ret["total_s"],
+            "edges_s": edges,
+            "share_of_drained": {k: round(v / drained, 3) for k, v in edges.items() if v is not None and drained},
+            "kernels_compiled": ret["kernels_compiled"],
+            "compiled_after_warmup": ret["compiled_after_warmup"],
+            "seeded": seeded,
         }
     finally:
+        if mode == "haproxy":
+            lab_haproxy.stop(lab)
         if not keep:
             nodes.down(lab)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="none,stop,tasks")
+    ap.add_argument("--modes", default="stop,haproxy")
+    ap.add_argument("--caches", default="cold,prepared")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
     ports = mirror_ports()
     mirrors.build()
     mirrors.start(ports)
-    hooks = Path(tempfile.mkdtemp(prefix="gpufleet-downtime-"))
-    for state in ("drain", "undrain"):
-        (hooks / f"{state}.yml").write_text(HOOK.format(state=state), encoding="utf-8")
-    report = {}
+    report = {"load_s": LOAD_S, "compile_s_per_kernel": COMPILE_S}
     for mode in args.modes.split(","):
-        runs = [one(mode, ports, hooks, args.keep) for _ in range(args.repeats)]
-        down = statistics.median(r["downtime_s"] for r in runs)
-        total = statistics.median(r["upgrade_s"] for r in runs)
-        report[mode] = {
-            "downtime_s": round(down, 1),
-            "upgrade_s": round(total, 1),
-            "downtime_share": round(down / total, 3) if total else None,
-            "runs": runs,
-        }
+        for cache in args.caches.split(","):
+            runs = [one(mode, cache, ports, args.keep) for _ in range(args.repeats)]
+            drained = statistics.median(r["drained_s"] for r in runs)
+            report[f"{mode}/{cache}"] = {"drained_s": drained, "runs": runs}
+            print(json.dumps({f"{mode}/{cache}": report[f"{mode}/{cache}"]}, indent=1), flush=True)
     print(json.dumps(report, indent=2))
     return 0
 

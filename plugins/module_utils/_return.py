@@ -126,19 +126,33 @@ def describe(ret_edges: dict) -> str:
     return ", ".join(parts)
 
 
+def server_s(ret_edges: dict):
+    """The server's own part of a return: from its process's start to the last edge. What comes before (the stop, the
+    switch of an upgrade, the drain's wait) is the collection's and the drain's, not the stack's, and differs between an
+    upgrade and a plain restart; the stack's load, health and compiles are what a new stack can make slower."""
+    total = ret_edges.get("total_s")
+    if not isinstance(total, (int, float)):
+        return None
+    return round(total - (ret_edges.get("process_up") or 0.0), 3)
+
+
 def judge(host: str, ret: dict, before: dict, max_ratio, why_no_before: str = "") -> dict:
-    """The return gate (a post-check gate: status, reasons, notes): back to service within ``max_ratio`` times the
-    host's own figure from before the upgrade. Skipped without a figure from before or without a limit."""
+    """The return gate (a post-check gate: status, reasons, notes): the server back (process up -> warm) within
+    ``max_ratio`` times the host's own figure from before the upgrade. Skipped without a figure from before."""
     if ret is None:
         return {"status": "skipped", "reasons": [], "notes": [], "skipped_reason": "skipped: no return in this run"}
-    total = ret["edges"]["total_s"]
+    total, mine = ret["edges"]["total_s"], server_s(ret["edges"])
     said = f"back to service in {total:.1f} s ({describe(ret['edges'])})"
     if not before:
         why = why_no_before or "no return recorded on the host before"
         return {"status": "skipped", "reasons": [], "notes": [said], "skipped_reason": f"skipped: {why}"}
-    ratio = round(total / before["total_s"], 3)
-    said += f", {ratio:.2f}x the {before['total_s']:.1f} s recorded before ({before.get('recorded_at', '?')})"
-    if max_ratio is None:
+    theirs = server_s(dict(before.get("edges") or {}, total_s=before["total_s"]))
+    ratio = round(mine / theirs, 3) if theirs else None
+    said += (
+        f"; the server took {mine:.1f} s from its start, {ratio:.2f}x the {theirs:.1f} s recorded before "
+        f"({before.get('recorded_at', '?')})"
+    )
+    if max_ratio is None or ratio is None:
         return {"status": "passed", "reasons": [], "notes": [said + "; no limit set"], "ratio": ratio}
     if ratio <= float(max_ratio):
         return {"status": "passed", "reasons": [], "notes": [said], "ratio": ratio}

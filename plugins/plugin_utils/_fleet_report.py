@@ -23,6 +23,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _return
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._host_model import VENV_LINK
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _outcome
 
@@ -73,19 +74,26 @@ def _number(value):
 
 def return_of(facts) -> dict:
     """The host's time back to service from the post-check's warm-up (``postcheck_result.warmup``): each edge (stop
-    -> process up -> /health -> warm), the total, the figure recorded before the upgrade and their ratio, and the
-    kernels compiled during the warm-up and in its last pass (after which the host undrains)."""
+    -> process up -> /health -> warm), the total, the server's own part (from its process's start: what the gate
+    compares), the same part recorded before the upgrade and their ratio, and the kernels compiled during the warm-up
+    and in its last pass (after which the host undrains)."""
     warmup = ((facts if isinstance(facts, dict) else {}).get("postcheck_result") or {}).get("warmup") or {}
     ret = warmup.get("return") if isinstance(warmup.get("return"), dict) else {}
     edges = ret.get("edges") if isinstance(ret.get("edges"), dict) else {}
     before = ret.get("before") if isinstance(ret.get("before"), dict) else {}
     passes = (warmup.get("warmup") or {}) if isinstance(warmup.get("warmup"), dict) else {}
-    total, before_s = _number(edges.get("total_s")), _number(before.get("total_s"))
+    total = _number(edges.get("total_s"))
+    # The gate's figures (module_utils/_return.py): the server's own part, from its process's start, now and before.
+    server = _number(_return.server_s(edges)) if total is not None else None
+    before_s = (
+        _number(_return.server_s(dict(before.get("edges") or {}, total_s=before.get("total_s")))) if before else None
+    )
     return {
         "edges": [{"name": label, "key": key, "s": _number(edges.get(key))} for key, label in RETURN_EDGES],
         "total_s": total,
+        "server_s": server,
         "before_s": before_s,
-        "ratio": round(total / before_s, 2) if total and before_s else None,
+        "ratio": round(server / before_s, 2) if server and before_s else None,
         "warm": passes.get("warm") if isinstance(passes.get("warm"), bool) else None,
         "passes": len(passes.get("passes") or []),
         "kernels_compiled": len(passes.get("kernels") or []),
@@ -94,12 +102,12 @@ def return_of(facts) -> dict:
 
 
 def return_text(ret) -> str:
-    """``41 s (1.05x of 39 s before)`` for the tables; '-' without a figure."""
+    """``1 m 25 s (server 57 s, 1.87x of 30 s before)`` for the tables; '-' without a figure."""
     if not ret or ret.get("total_s") is None:
         return "-"
     text = seconds(ret["total_s"])
     if ret.get("ratio") is not None:
-        text += f" ({ret['ratio']:.2f}x of {seconds(ret['before_s'])} before)"
+        text += f" (server {seconds(ret['server_s'])}, {ret['ratio']:.2f}x of {seconds(ret['before_s'])} before)"
     return text
 
 

@@ -65,18 +65,23 @@ def test_the_return_gate_judges_against_the_figure_recorded_before():
     ret = _return.with_warm(
         {"returned": True, "boot_id": "b", "times": {"stop": 0.0, "process_up": 2.0, "health": 10.0}}, 33.0, "b"
     )
-    before = {"total_s": 30.0, "recorded_at": "2026-12-01T00:00:00Z"}
-    assert _return.judge("n1", ret, before, 1.1) == {"status": "passed", "reasons": [], "ratio": 1.1, "notes": [
-        "back to service in 33.0 s (stop -> process up 2.0 s, process up -> /health 8.0 s, /health -> warm 23.0 s), "
-        "1.10x the 30.0 s recorded before (2026-12-01T00:00:00Z)"]}  # fmt: skip
+    # the server's own part (from its process's start) is compared: 31 s now against 28.2 s before
+    before = {"total_s": 30.0, "recorded_at": "2026-12-01T00:00:00Z", "edges": {"process_up": 1.8}}
+    assert _return.judge("n1", ret, before, 1.1) == {"status": "passed", "reasons": [], "ratio": 1.099, "notes": [
+        "back to service in 33.0 s (stop -> process up 2.0 s, process up -> /health 8.0 s, /health -> warm 23.0 s); "
+        "the server took 31.0 s from its start, 1.10x the 28.2 s recorded before (2026-12-01T00:00:00Z)"]}  # fmt: skip
+    # an upgrade's stop -> process up holds its switch: a slow switch alone does not fail the stack
+    switch = _return.with_warm({"returned": True, "boot_id": "b", "times": {"stop": -60.0, "process_up": 2.0,
+                                "health": 10.0}}, 33.0, "b")  # fmt: skip
+    assert _return.judge("n1", switch, before, 1.1)["status"] == "passed"
     slow = _return.judge("n1", ret, {"total_s": 20.0, "recorded_at": "x"}, 1.1)
     assert slow["status"] == "failed"
     assert slow["reasons"][0].startswith("n1: back to service in 33.0 s (stop -> process up 2.0 s, process up -> ")
     assert (
-        "1.65x the 20.0 s recorded before (x); the limit is 1.1x (profile postcheck.return.max_ratio)"
+        "the server took 31.0 s from its start, 1.55x the 20.0 s recorded before (x); the limit is 1.1x"
         in (slow["reasons"][0])
     )
-    assert _return.judge("n1", ret, {"total_s": 31.0}, 1.1)["status"] == "passed"
+    assert _return.judge("n1", ret, {"total_s": 29.0}, 1.1)["status"] == "passed"
     skipped = _return.judge("n1", ret, None, 1.1, "no return recorded at /x")
     assert skipped["status"] == "skipped" and skipped["skipped_reason"] == "skipped: no return recorded at /x"
     assert _return.judge("n1", None, before, 1.1)["skipped_reason"] == "skipped: no return in this run"
@@ -187,7 +192,7 @@ def test_a_prepared_cache_compiles_nothing_and_the_return_is_recorded_for_the_ne
         clock=lambda: 50.0,
     )  # fmt: skip
     assert [p["compiled"] for p in out["warmup"]["passes"]] == [[]]
-    assert out["gates"]["return"]["status"] == "passed" and out["gates"]["return"]["ratio"] == 0.5
+    assert out["gates"]["return"]["status"] == "passed" and out["gates"]["return"]["ratio"] == 0.49
     kept = json.loads(record.read_text())
     assert kept["total_s"] == 50.0 and kept["venv"] == "/v/new" and kept["edges"]["warm"] == 45.0
 
