@@ -447,9 +447,14 @@ def decide_recovery(state, run_id, running=COLLECTION_VERSION, accept_version_ch
         return {"action": "refuse", "backup_id": state.get("backup_id"), "reason": other_version}
     decision = _recovery(state)
     if other_version:
-        started = state.get("collection_version") or "a version it did not record"
-        decision["reason"] += f" (started by {COLLECTION} {started}, taken over by {running}: {ACCEPT_VERSION_VAR})"
+        decision["reason"] += _takeover(state, running)
     return decision
+
+
+def _takeover(state, running) -> str:
+    """The words a recovery or rollback adds when the operator let this version take over another version's run."""
+    started = state.get("collection_version") or "a version it did not record"
+    return f" (started by {COLLECTION} {started}, taken over by {running}: {ACCEPT_VERSION_VAR})"
 
 
 def _recovery(state):
@@ -514,10 +519,12 @@ def rollback_target(state, run_id, requested="", running=COLLECTION_VERSION, acc
     even when the host already matches it: the host may be drained or stopped, and its record must end.
     """
     ours = bool(state) and state.get("run_id") == run_id
-    refuse = "" if accept_version_change or ours else version_refusal(state, running)
+    other_version = "" if ours else version_refusal(state, running)
+    refuse = "" if accept_version_change else other_version
     if requested:
         return {"backup_id": requested, "why": "named by the operator", "refuse": refuse}
     recovery = decide_recovery(state, run_id, None)
     if recovery["action"] == "rollback":
-        return {"backup_id": recovery["backup_id"], "why": interrupted_at(state), "refuse": refuse}
+        why = interrupted_at(state) + (_takeover(state, running) if other_version else "")
+        return {"backup_id": recovery["backup_id"], "why": why, "refuse": refuse}
     return {"backup_id": None, "why": "the newest backup that differs from the host as it is", "refuse": refuse}

@@ -112,7 +112,8 @@ class TestVersionGuard:
         )
         assert st.rollback_target(killed, "rb", running="0.2.0", accept_version_change=True) == {
             "backup_id": "b1",
-            "why": "run r1 was interrupted at phase drain (started)",
+            "why": "run r1 was interrupted at phase drain (started) (started by gpufleet.upgrade 0.1.9, taken over by "
+            "0.2.0: gpufleet_accept_version_change)",
             "refuse": "",
         }
 

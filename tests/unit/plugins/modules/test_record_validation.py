@@ -73,7 +73,8 @@ def test_upgrade_state_query_refuses_another_versions_interrupted_run_unless_acc
         and res["rollback"]
         == {
             "backup_id": "b1",
-            "why": "run r1 was interrupted at phase drain (started)",
+            "why": "run r1 was interrupted at phase drain (started) (started by gpufleet.upgrade 0.1.9, taken over by "
+            f"{COLLECTION_VERSION}: gpufleet_accept_version_change)",
             "refuse": "",
         }
     )
