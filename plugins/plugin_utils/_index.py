@@ -94,7 +94,8 @@ class ValidatorCache(_Record):
     """What the indexes served, kept with the validators they served it with, so a later plan asks only whether it
     changed: ``<cache_dir>/index/validators.json`` holds per request (``kind`` and URL) the ETag and Last-Modified,
     the final URL, the content type and, for a HEAD, the size; a body (a project page, a METADATA file, the METADATA
-    read from a wheel by range) is a file beside it named by the sha256 of the request. A response without a
+    read from a wheel by range) is a file beside it named by the sha256 of the request, whose own sha256 the table
+    records (a body changed or gone since is not used: the request is made without validators). A response without a
     validator is not kept: there is nothing to ask with. The record is written when the plan ends (``save``)."""
 
     NAME = "validators.json"
@@ -104,6 +105,7 @@ class ValidatorCache(_Record):
         self._mutex = threading.Lock()
         self.revalidated = 0  # 304 answers: kept copies used
         self.by_content = 0  # METADATA taken by the listed sha256 of its wheel, no request
+        self._checked = {}  # key -> body checked by conditions(), handed out by kept() on a 304
 
     @staticmethod
     def _valid(entry) -> bool:
@@ -116,23 +118,36 @@ class ValidatorCache(_Record):
     def _body_path(self, key: str) -> str:
         return os.path.join(self.folder, hashlib.sha256(key.encode()).hexdigest())
 
+    def _body(self, key: str) -> bytes | None:
+        """The kept body of ``key`` if its file is there with the sha256 recorded for it (a record read back is
+        checked before it is used: a body changed or cut short is not), else None."""
+        entry = self._table.get(key) or {}
+        try:
+            with open(self._body_path(key), "rb") as handle:
+                body = handle.read()
+        except OSError:
+            return None
+        return body if hashlib.sha256(body).hexdigest() == entry.get("body") else None
+
     def conditions(self, key: str) -> dict:
-        """The conditional headers for a request kept before, else none."""
+        """The conditional headers for a request kept before, else none (nothing kept, or its body is not intact)."""
         entry = self._table.get(key)
-        if not entry or (entry.get("body") and not os.path.isfile(self._body_path(key))):
+        if not entry:
             return {}
+        if entry.get("body"):
+            body = self._body(key)
+            if body is None:
+                return {}
+            with self._mutex:
+                self._checked[key] = body
         return {header: entry[field] for field, header in CONDITIONS.items() if entry.get(field)}
 
     def kept(self, key: str):
-        """``(entry, body)`` as kept for a request the index answered 304; the body None for a HEAD."""
-        entry = self._table[key]
-        body = None
-        if entry.get("body"):
-            with open(self._body_path(key), "rb") as handle:
-                body = handle.read()
+        """``(entry, body)`` as kept for a request the index answered 304 (``conditions`` checked the body); the body
+        None for a HEAD."""
         with self._mutex:
             self.revalidated += 1
-        return entry, body
+            return self._table[key], self._checked.pop(key, None)
 
     def put(self, key: str, headers, final_url: str, body: bytes | None = None, **extra) -> None:
         """Keep a response (its ``headers``) and its body; a response without ETag and Last-Modified is dropped."""
@@ -143,7 +158,7 @@ class ValidatorCache(_Record):
             "content_type": headers.get("Content-Type", ""),
             "final_url": final_url,
             "size": int(length) if length and length.isdigit() else None,
-            "body": body is not None,
+            "body": hashlib.sha256(body).hexdigest() if body is not None else None,
             **extra,
         }
         with self._mutex:
@@ -161,13 +176,10 @@ class ValidatorCache(_Record):
 
     def by_digest(self, kind: str, sha256: str) -> bytes | None:
         """A body kept by the sha256 of the file it was read from (``put_digest``), else None."""
-        key = self.key(kind, f"sha256:{sha256}")
-        if key not in self._table or not os.path.isfile(self._body_path(key)):
-            return None
-        with open(self._body_path(key), "rb") as handle:
-            body = handle.read()
-        with self._mutex:
-            self.by_content += 1
+        body = self._body(self.key(kind, f"sha256:{sha256}"))
+        if body is not None:
+            with self._mutex:
+                self.by_content += 1
         return body
 
     def put_digest(self, kind: str, sha256: str, body: bytes) -> None:
