@@ -106,9 +106,10 @@ def refusals_of(fetcher: Fetcher, name: str, indexes: list, urls: dict) -> list:
 
 
 def _refused_words(refusal: dict) -> str:
-    status = refusal["status"]
-    how = f"is {status}" if status.startswith("unreachable") else f"answered {status} for its project page"
-    return f"index {refusal['index']!r} ({refusal['url']}) {how}"
+    status, where = refusal["status"], f"index {refusal['index']!r} ({refusal['url']})"
+    if status.startswith("unreachable: "):
+        return f"{where} could not be reached for {refusal['package']} ({status[len('unreachable: ') :]})"
+    return f"{where} answered {status} for the project page of {refusal['package']}"
 
 
 def only_refusals_message(name: str, refusals: list, where: str, indexes: list) -> str:
@@ -127,7 +128,7 @@ def refusal_line(refusal: dict) -> str:
     """One console line for an index that refused a package another named index served."""
     served = refusal.get("planned_from")
     return (
-        f"index refused: {_refused_words(refusal)} of package {refusal['package']}"
+        f"index refused: {_refused_words(refusal)}"
         + (f"; planned from index {served!r}, the next index the profile names for it" if served else "")
         + f". Fix: if {refusal['index']!r} should serve {refusal['package']}, check its URL and access"
         f" (gpufleet_index_urls); if it does not carry {refusal['package']}, remove it from the package's indexes"

@@ -118,7 +118,7 @@ def test_a_site_mirror_refusing_is_said_on_the_console_and_first_in_the_diff(ser
     result = plan(servers, tmp_path, profile(servers, ["site", "default"]), check_mode=check_mode)
     assert not result.get("failed"), result.get("msg")
     line = (
-        f"index refused: index 'site' ({servers['site'].url}) answered HTTP 403 for its project page of package"
+        f"index refused: index 'site' ({servers['site'].url}) answered HTTP 403 for the project page of"
         " serve-app; planned from index 'default', the next index the profile names for it. Fix: if 'site' should"
         " serve serve-app, check its URL and access (gpufleet_index_urls); if it does not carry serve-app, remove it"
         " from the package's indexes in the profile"
@@ -148,8 +148,8 @@ def test_a_package_whose_only_index_refuses_fails_and_is_never_taken_from_anothe
     assert result["failed"]
     assert result["msg"] == (
         "ctl: wheel plan for profile 'refusals', x86_64-manylinux_2_28 Python 3.11, failed: package serve-app: every"
-        f" index the profile names for it refused it: index 'site' ({servers['site'].url}) answered HTTP 403 for its"
-        " project page. A package is taken only from the indexes the profile names for it (wheels.packages"
+        f" index the profile names for it refused it: index 'site' ({servers['site'].url}) answered HTTP 403 for the"
+        " project page of serve-app. A package is taken only from the indexes the profile names for it (wheels.packages"
         " serve-app: site), never from another one. Fix: if 'site' should serve serve-app (a site mirror answering"
         " 403 refuses every package), check its URL and access, or map it to a mirror that serves it with"
         " gpufleet_index_urls; else name an index that carries serve-app for it in the profile. The lock file"
@@ -167,7 +167,8 @@ def test_a_dependency_named_for_one_refusing_index_fails_instead_of_coming_from_
     assert result["failed"]
     assert (
         f"package app-dep: every index the profile names for it refused it: index 'site' ({servers['site'].url})"
-        " answered HTTP 403 for its project page. A package is taken only from the indexes the profile names for it"
+        " answered HTTP 403 for the project page of app-dep. A package is taken only from the indexes the profile names"
+        " for it"
         " (wheels.dependency_indexes app-dep: site), never from another one."
     ) in result["msg"]
     assert not (tmp_path / "fleet.lock.yml").exists()
@@ -178,7 +179,9 @@ def test_an_index_that_does_not_answer_is_a_refusal_and_the_next_one_serves(serv
     assert not result.get("failed"), result.get("msg")
     (refusal,) = result["index_refusals"]
     assert refusal["index"] == "down" and refusal["status"].startswith("unreachable: ")
-    assert result["warnings"][0].startswith(f"index refused: index 'down' ({servers['down']}) is unreachable: ")
+    assert result["warnings"][0].startswith(
+        f"index refused: index 'down' ({servers['down']}) could not be reached for serve-app ("
+    )
     # The dependency resolution (uv) left the unreachable index out instead of failing on it.
     assert {p["name"] for p in result["entries"][0]["packages"]} == {"serve-app", "app-dep"}
 
@@ -190,4 +193,5 @@ def test_a_package_whose_only_index_does_not_answer_fails_naming_it(servers, tmp
         f"package serve-app: every index the profile names for it refused it: index 'down' ({servers['down']})"
         in (result["msg"])
     )
-    assert "is unreachable: " in result["msg"] and "Fix: if 'down' should serve serve-app" in result["msg"]
+    assert "could not be reached for serve-app (" in result["msg"]
+    assert "Fix: if 'down' should serve serve-app" in result["msg"]

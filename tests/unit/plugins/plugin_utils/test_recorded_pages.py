@@ -239,6 +239,6 @@ def test_a_package_no_index_carries_fails_naming_the_403(recorded):
         wp.probe(ix.Fetcher(), profile["wheels"], rules_by_pkg, TARGET)
     assert str(err.value).startswith(
         "package sgl-kernel: every index the profile names for it refused it: index 'pytorch'"
-        f" ({recorded['pytorch'].url}) answered HTTP 403 for its project page."
+        f" ({recorded['pytorch'].url}) answered HTTP 403 for the project page of sgl-kernel."
     )
     assert "Fix: if 'pytorch' should serve sgl-kernel" in str(err.value)
