@@ -129,7 +129,7 @@ def refusal_line(refusal: dict) -> str:
     served = refusal.get("planned_from")
     return (
         f"index refused: {_refused_words(refusal)}"
-        + (f"; planned from index {served!r}, the next index the profile names for it" if served else "")
+        + (f"; planned from index {served!r}, another index the profile names for it" if served else "")
         + f". Fix: if {refusal['index']!r} should serve {refusal['package']}, check its URL and access"
         f" (gpufleet_index_urls); if it does not carry {refusal['package']}, remove it from the package's indexes"
         " in the profile"

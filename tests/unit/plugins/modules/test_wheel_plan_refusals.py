@@ -119,7 +119,7 @@ def test_a_site_mirror_refusing_is_said_on_the_console_and_first_in_the_diff(ser
     assert not result.get("failed"), result.get("msg")
     line = (
         f"index refused: index 'site' ({servers['site'].url}) answered HTTP 403 for the project page of"
-        " serve-app; planned from index 'default', the next index the profile names for it. Fix: if 'site' should"
+        " serve-app; planned from index 'default', another index the profile names for it. Fix: if 'site' should"
         " serve serve-app, check its URL and access (gpufleet_index_urls); if it does not carry serve-app, remove it"
         " from the package's indexes in the profile"
     )
