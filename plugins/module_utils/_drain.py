@@ -59,6 +59,31 @@ def poll_until(look, done, timeout_s, interval_s, clock=time.monotonic, sleep=ti
         sleep(max(0.0, min(float(interval_s), deadline - now)))
 
 
+# --------------------------------------------------------------------------- drains found
+# A host out of service before the run (an operator's drain or maintenance, a Slurm node down or drained for a
+# hardware ticket) is someone else's: the run never puts it back, and upgrades it only when told to.
+FOUND_DRAINED = ("refuse", "upgrade")
+
+
+def drained_by(action, ours, out):
+    """Who has the host out of service after a drain call: ``run`` (this call took it out), ``gpufleet`` (an earlier
+    run that never put it back), ``other`` (found so before the run), ``""`` (in service)."""
+    if action is not None:
+        return "run"
+    if not out:
+        return ""
+    return "gpufleet" if ours else "other"
+
+
+def found_drained_message(host, what):
+    """The refusal of a host found out of service by someone else (found_drained=refuse)."""
+    return (
+        f"{host}: {what} before this run, not by gpufleet; it stays so and is not upgraded (nothing was drained or "
+        "undrained); fix: set gpufleet_upgrade_drained_hosts=true to upgrade it anyway (it stays out of service after "
+        "the upgrade and after a rollback), or put it back into service first"
+    )
+
+
 # --------------------------------------------------------------------------- drain records
 # A provider without a place for a reason (HAProxy) keeps one small file per server where the drain runs: written
 # before the drain is sent, removed once the server is back. A record left by a killed run tells the next run that

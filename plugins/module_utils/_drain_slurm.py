@@ -28,6 +28,8 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils._drain import Dra
 REASON_PREFIX = "gpufleet "
 FLAGS = "*~#%!@^$"
 DRAIN_STATES = ("draining", "drained")
+# Out of service: drained, or down / failed (an operator's hardware ticket); only a gpufleet reason is put back.
+OUT_STATES = (*DRAIN_STATES, "down", "fail", "failing")
 JOB_LINES = 3
 
 
@@ -86,6 +88,10 @@ def is_drained(view):
     return view["state"] in DRAIN_STATES
 
 
+def is_out(view):
+    return view["state"] in OUT_STATES
+
+
 def is_ours(view):
     return view["reason"].startswith(REASON_PREFIX)
 
@@ -98,14 +104,14 @@ def idle(view):
 def plan(want, view):
     """``(action or None, why)`` for ``want`` (drained | resumed): drain, resume or nothing."""
     if want == "drained":
-        if not is_drained(view):
+        if not is_out(view):
             return "drain", f"drained (was {view['state']})"
         if is_ours(view):
             return None, f"already {view['state']} by gpufleet ({view['reason']})"
         return None, f"already {view['state']} by someone else (reason {view['reason']!r}): left so, also after the run"
     if want != "resumed":
         raise DrainError(f"unknown wanted state {want!r}: drained or resumed")
-    if not is_drained(view):
+    if not is_out(view):
         return None, f"already in service ({view['state']})"
     if is_ours(view):
         return "resume", f"resumed (was {view['state']}, {view['reason']})"

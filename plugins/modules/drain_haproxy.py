@@ -86,6 +86,15 @@ options:
     type: str
     choices: [fail, shutdown]
     default: fail
+  found_drained:
+    description:
+      - What O(state=drained) does with a server found out of service before the run, not by gpufleet
+        (drain or maintenance without a drain record).
+      - V(upgrade) leaves it so and goes on (the host is upgraded and stays out of service); V(refuse) fails, naming
+        it, and changes nothing. Role serving passes V(refuse) unless C(gpufleet_upgrade_drained_hosts) is true.
+    type: str
+    choices: [refuse, upgrade]
+    default: upgrade
 extends_documentation_fragment:
   - gpufleet.upgrade.drain_wait
 """
@@ -145,6 +154,13 @@ sessions:
   description: Current sessions (C(scur)) at the end.
   returned: always
   type: int
+drained_by:
+  description:
+    - After O(state=drained), who has the host out of service. C(run) this call took it out, C(gpufleet) an earlier
+      run that never put it back (the next undrain does), C(other) it was so before the run (the undrain leaves it
+      so), empty in service.
+  returned: always
+  type: str
 waited_s:
   description: Seconds waited.
   returned: always
@@ -189,6 +205,7 @@ def build_module():
             run_id=dict(type="str", default=""),
             persistence=dict(type="str", choices=list(hx.PERSISTENCE_MODES), default="move"),
             on_timeout=dict(type="str", choices=["fail", "shutdown"], default="fail"),
+            found_drained=dict(type="str", choices=list(dr.FOUND_DRAINED), default="upgrade"),
         ),
         supports_check_mode=True,
     )
@@ -277,6 +294,11 @@ def run(module):
     if p["state"] == "drained" and action is not None:
         new_record = {"run_id": p["run_id"], "backend": backend, "server": server, "host": host, "at": time.time()}
     result = {"changed": action is not None, "previous": view["admin"], "admin_state": after, "waited_s": 0.0}
+    out = view["admin"] != "ready"
+    result["drained_by"] = dr.drained_by(action, ours, out) if p["state"] == "drained" else ""
+    if result["drained_by"] == "other" and p["found_drained"] == "refuse":
+        what = f"HAProxy server {backend}/{server} was in {view['admin']}"
+        module.fail_json(msg=dr.found_drained_message(host, what), **result)
     result["record"] = new_record if path and p["state"] == "drained" else {}
     result["persistence"] = dict(found, cleared=0, ended=0)
     if module._diff:

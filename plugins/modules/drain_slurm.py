@@ -44,6 +44,15 @@ options:
     description: Id of the run; the drain's reason is C(gpufleet RUN_ID).
     type: str
     default: manual
+  found_drained:
+    description:
+      - What O(state=drained) does with a node found out of service before the run, not by gpufleet
+        (draining, drained, down or failed with a reason other than C(gpufleet ...)).
+      - V(upgrade) leaves it so and goes on (the host is upgraded and stays out of service); V(refuse) fails, naming
+        it, and changes nothing. Role serving passes V(refuse) unless C(gpufleet_upgrade_drained_hosts) is true.
+    type: str
+    choices: [refuse, upgrade]
+    default: upgrade
 notes:
   - O(wait) waits until the node is DRAINED after O(state=drained); O(state=resumed) does not wait.
 extends_documentation_fragment:
@@ -80,6 +89,13 @@ jobs:
   returned: always
   type: list
   elements: dict
+drained_by:
+  description:
+    - Who has the node out of service after O(state=drained) (empty after O(state=resumed)), as in
+      M(gpufleet.upgrade.drain_haproxy); C(other) is a node found draining, drained, down or failed with another
+      reason, which O(state=resumed) leaves as it is.
+  returned: always
+  type: str
 waited_s:
   description: Seconds waited.
   returned: always
@@ -103,6 +119,7 @@ def build_module():
             host=dict(type="str"),
             state=dict(type="str", choices=["drained", "resumed"], default="drained"),
             run_id=dict(type="str", default="manual"),
+            found_drained=dict(type="str", choices=list(dr.FOUND_DRAINED), default="upgrade"),
         ),
         supports_check_mode=True,
     )
@@ -129,6 +146,10 @@ def run(module):
     view = look(module)
     action, why = sl.plan(p["state"], view)
     result = {"changed": action is not None, "previous": view, "node_state": view, "waited_s": 0.0, "jobs": []}
+    result["drained_by"] = dr.drained_by(action, sl.is_ours(view), sl.is_out(view)) if p["state"] == "drained" else ""
+    if result["drained_by"] == "other" and p["found_drained"] == "refuse":
+        what = f"Slurm node {view['node']} was {view['state']} (reason {view['reason']!r})"
+        module.fail_json(msg=dr.found_drained_message(host, what), **result)
     if module._diff:
         after = {"drain": "draining", "resume": "in service"}.get(action, view["state"])
         reason = sl.reason_for(p["run_id"]) if action == "drain" else "" if action == "resume" else view["reason"]

@@ -371,6 +371,29 @@ def test_an_operators_drain_stays_after_the_run(fake, tmp_path):
     assert fake.sets() == []
 
 
+@pytest.mark.parametrize(("mask", "state"), [(8, "drain"), (1, "maint")])
+def test_a_server_found_out_of_rotation_is_refused_unless_told_and_never_put_back(fake, tmp_path, mask, state):
+    fake.servers["node2"]["admin"] = mask
+    mine = {"server": "node2", "host": "node2"}
+    ok, res = call(args(fake, tmp_path, found_drained="refuse", **mine))
+    assert not ok and not res["changed"] and res["drained_by"] == "other", res
+    assert res["msg"].startswith(
+        f"node2: HAProxy server serving/node2 was in {state} before this run, not by gpufleet; it stays so and is"
+        " not upgraded (nothing was drained or undrained); fix: set gpufleet_upgrade_drained_hosts=true"
+    )
+    ok, res = call(args(fake, tmp_path, found_drained="upgrade", **mine))
+    assert ok and not res["changed"] and res["drained_by"] == "other"
+    ok, back = call(args(fake, tmp_path, state="ready", **mine))
+    assert ok and not back["changed"] and back["admin_state"] == state
+    assert fake.sets() == [] and fake.servers["node2"]["admin"] == mask and not record_file(tmp_path, "node2").exists()
+
+
+def test_drained_by_says_who_took_the_server_out(fake, tmp_path):
+    assert call(args(fake, tmp_path, found_drained="refuse"))[1]["drained_by"] == "run"
+    assert call(args(fake, tmp_path, found_drained="refuse"))[1]["drained_by"] == "gpufleet"
+    assert call(args(fake, tmp_path, state="ready"))[1]["drained_by"] == ""
+
+
 def test_a_killed_runs_drain_is_put_back_by_the_next_run(fake, tmp_path):
     record_file(tmp_path).parent.mkdir(parents=True)
     record_file(tmp_path).write_text(json.dumps({"run_id": "r0", "backend": "serving", "server": "node1"}))

@@ -70,6 +70,10 @@ def view(state, reason=""):
         ("resumed", "draining", "gpufleet r0", "resume"),
         ("resumed", "drained", "disk replacement", None),
         ("resumed", "idle", "", None),
+        # down for a hardware ticket: neither drained over (its reason kept) nor resumed
+        ("drained", "down", "GPU 3 fell off the bus", None),
+        ("resumed", "down", "GPU 3 fell off the bus", None),
+        ("drained", "fail", "PSU", None),
     ],
 )
 def test_plan(want, state, reason, action):
@@ -186,6 +190,31 @@ def test_someone_elses_drain_stays_drained_after_the_run(cluster):
     ok, back = call({"state": "resumed"})
     assert ok and not back["changed"] and "left drained" in back["msg"]
     assert updates(now) == [] and now()["reason"] == "disk replacement"
+
+
+@pytest.mark.parametrize(("state", "reason"), [("drained", "fan replacement"), ("down", "GPU 3 fell off the bus")])
+def test_a_node_found_out_of_service_is_refused_unless_told_and_never_put_back(cluster, state, reason):
+    now = cluster(state=state, reason=reason)
+    ok, res = call({"run_id": "r1", "found_drained": "refuse"})
+    assert not ok and not res["changed"] and res["drained_by"] == "other", res
+    assert res["msg"] == (
+        f"gpu01.lab: Slurm node gpu01 was {state} (reason {reason!r}) before this run, not by gpufleet; it stays so"
+        " and is not upgraded (nothing was drained or undrained); fix: set gpufleet_upgrade_drained_hosts=true to"
+        " upgrade it anyway (it stays out of service after the upgrade and after a rollback), or put it back into"
+        " service first"
+    )
+    ok, res = call({"run_id": "r1", "found_drained": "upgrade"})
+    assert ok and not res["changed"] and res["drained_by"] == "other" and res["waited_s"] == 0
+    ok, back = call({"state": "resumed"})
+    assert ok and not back["changed"]
+    assert updates(now) == [] and now()["state"] == state and now()["reason"] == reason
+
+
+def test_drained_by_says_who_took_the_node_out(cluster):
+    cluster(state="idle")
+    assert call({"run_id": "r1", "found_drained": "refuse"})[1]["drained_by"] == "run"
+    assert call({"run_id": "r1", "found_drained": "refuse"})[1]["drained_by"] == "gpufleet"
+    assert call({"state": "resumed"})[1]["drained_by"] == ""
 
 
 def test_a_killed_runs_drain_is_resumed(cluster):
