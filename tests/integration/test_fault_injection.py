@@ -17,6 +17,7 @@ import datetime
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -33,7 +34,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 # The committed table is refreshed on purpose (make fault-injection-doc), never as a side effect of make test.
 REPORT = REPO / ("docs" if os.environ.get("GPUFLEET_UPDATE_DOCS") == "1" else "reports") / "fault-injection.md"
-OLD_VENV = "/opt/gpufleet/serving/venvs/lab-cu128-seed"
+SERVING_ROOT = "/opt/gpufleet/serving"
+OLD_VENV = f"{SERVING_ROOT}/venvs/lab-cu128-seed"
 OLD_TOOLKIT = "/usr/local/cuda-12.8"
 NEW_TOOLKIT = "/usr/local/cuda-13.0"
 ARCHIVE_DIR = "/usr/local/.gpufleet-redist"  # where cuda_toolkit pushes the redist archives on a host
@@ -418,24 +420,41 @@ def test_corrupted_download_and_full_disk(
     finally:
         server.shutdown()
     out1 = (report_of(corrupt, n1), host_checks(fleet, node_exec, n1, baseline))
-    cpid = subprocess.run(
-        ["podman", "inspect", "-f", "{{.State.Pid}}", fleet.nodes[1]], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    mount = ["nsenter", "-t", cpid, "-m", "sh", "-c"]
-    subprocess.run(
-        [
-            *mount,
-            "mkdir -p /usr/local/.gpufleet-redist && mount -t tmpfs -o size=256k tmpfs /usr/local/.gpufleet-redist",
-        ],
-        check=True,
-    )
+
+    def mount_tmpfs(node, size, folder):
+        pid = subprocess.run(
+            ["podman", "inspect", "-f", "{{.State.Pid}}", node], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        mount = ["nsenter", "-t", pid, "-m", "sh", "-c"]
+        subprocess.run([*mount, f"mkdir -p {folder} && mount -t tmpfs -o size={size} tmpfs {folder}"], check=True)
+        return [*mount, f"umount {folder}; rmdir {folder} || true"]
+
+    # One run, two full disks: n2 cannot hold the toolkit's archives; n1 gets the toolkit, then its venv build finds
+    # no room (one page of tmpfs over the build's uv cache under the serving root, which uv fills at once). An earlier
+    # round's verified venv of the lock would be reused without a build: n1 keeps only the old one.
+    sh(node_exec, n1, f"find {SERVING_ROOT}/venvs -mindepth 1 -maxdepth 1 ! -path {OLD_VENV} -exec rm -rf {{}} +")
+    unmounts = [
+        mount_tmpfs(n2, "256k", "/usr/local/.gpufleet-redist"),
+        mount_tmpfs(n1, "4k", f"{SERVING_ROOT}/.uv-build-cache"),
+    ]
     try:
-        full = upgrade(fleet, run_playbook, limit=n2, cuda_toolkit_cache_dir=str(tmp_path / "redist-cache-2"))
+        full = upgrade(fleet, run_playbook, limit=f"{n1},{n2}", cuda_toolkit_cache_dir=str(tmp_path / "redist-cache-2"))
         out2 = (report_of(full, n2), host_checks(fleet, node_exec, n2, baseline))
+        out3 = (report_of(full, n1), host_checks(fleet, node_exec, n1, baseline))
     finally:
-        subprocess.run(
-            [*mount, "umount /usr/local/.gpufleet-redist; rmdir /usr/local/.gpufleet-redist || true"], check=False
-        )
+        for unmount in unmounts:
+            subprocess.run(unmount, check=False)
+    # The cause, the need and the fix reach the run's report whole; the venv the build began is gone in the same run.
+    venv_full = out3[0]["outcome"]
+    cause = re.search(
+        rf"the new venv (\S+) failed at step sync: (no space left on {SERVING_ROOT}/.uv-build-cache "
+        rf"on {n1}: need \d+\.\d\d GiB, free 0\.00 GiB); the partial venv was removed",
+        venv_full,
+    )
+    assert cause and venv_full.endswith("or move gpufleet_serving_root to a larger disk, then run again"), venv_full
+    assert sh(node_exec, n1, f"test -e {cause.group(1)} && echo left || echo removed") == "removed", cause.group(1)
+    for node, (report, _checks) in ((n1, out1), (n2, out2)):  # the backup of the old state, when run on its own
+        first_backup.setdefault(node, report["backup_id"])
     converged, _result = converge_and_reset(fleet, run_playbook, node_exec, first_backup)
     record("cuda_toolkit (download)", "corrupted archive from the mirror", n1, out1[0], out1[1], converged[n1])
     record(
@@ -446,7 +465,18 @@ def test_corrupted_download_and_full_disk(
         out2[1],
         converged[n2],
     )
+    # The table keeps 140 characters of a row's outcome: this row shows the outcome from the cause on.
+    shown = dict(out3[0], outcome=f"{venv_full.split(':')[0]}: ... {cause.group(2)}; the partial venv was removed")
+    record(
+        "venv_rebuild (build)",
+        "full disk (4 KiB tmpfs over the build's uv cache; partial venv removed)",
+        n1,
+        shown,
+        out3[1],
+        converged[n1],
+    )
     assert_safe({n1: out1, n2: out2}, converged, {n1: "rolled back", n2: "rolled back"})
+    assert_safe({n1: out3}, converged, {n1: "rolled back"})
 
 
 def test_every_row_is_safe():
