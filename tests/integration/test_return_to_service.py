@@ -53,7 +53,6 @@ def test_the_upgrade_warms_the_server_and_reports_its_return_against_the_one_bef
             "gpufleet_drain": "stop",
             "serving_env": LAB_SERVER,
             "postcheck_return_max_ratio": 0.01,
-            "gpufleet_accept_version_change": False,
         },
     )
     assert up.rc != 0
