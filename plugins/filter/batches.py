@@ -34,6 +34,27 @@ def failure_budget(value, total):
         raise AnsibleFilterError(f"gpufleet.upgrade.failure_budget: {exc}") from exc
 
 
+def batch_admit(batch, hostvars, hosts, batch_by="", group_max=None, out_of_service=None, name_var=""):
+    """``{admitted, deferred, out}``: the batch as the serving groups' budget allows it now (_batches.admit)."""
+    if not batch_by:
+        return {"admitted": list(batch), "deferred": {}, "out": {}}
+    groups = {host: (hostvars[host] or {}).get(batch_by, "") for host in hosts}
+    seen = out_of_service or {}
+    out = {}
+    for host in hosts:
+        # The provider names a host by its server or node name (gpufleet_haproxy_server, gpufleet_slurm_node), by
+        # default the inventory name or its short form.
+        name = ((hostvars[host] or {}).get(name_var) if name_var else None) or host
+        why = seen.get(name) or seen.get(str(name).split(".")[0])
+        if why:
+            out[host] = why
+    try:
+        admitted, deferred = _batches.admit(batch, groups, _batches.group_caps(groups, hosts, group_max), out)
+    except _batches.BatchError as exc:
+        raise AnsibleFilterError(f"gpufleet.upgrade.batch_admit: {exc}") from exc
+    return {"admitted": admitted, "deferred": deferred, "out": out}
+
+
 class FilterModule:
     def filters(self):
-        return {"batch_plan": batch_plan, "failure_budget": failure_budget}
+        return {"batch_plan": batch_plan, "failure_budget": failure_budget, "batch_admit": batch_admit}

@@ -173,6 +173,21 @@ def plan(want, current, ours, out="drain"):
     return "ready", f"put back in rotation (was {current})"
 
 
+def out_of_service(view):
+    """Why HAProxy sends the server no traffic now ("" when it does): its admin state, or its failed health check."""
+    if view["admin"] != "ready":
+        return f"HAProxy {view['admin']}"
+    if view["op_state"] != "running":
+        return f"HAProxy health check {view['status'] or view['op_state']}"
+    return ""
+
+
+def backend_view(state_rows, stat_rows, backend):
+    """``{server: why it is out of service, "" when in rotation}`` for every server of ``backend``: one look."""
+    names = [r["srv_name"] for r in state_rows if r.get("be_name") == backend]
+    return {name: out_of_service(server_view(state_rows, stat_rows, backend, name)) for name in names}
+
+
 def sessions_of(show_sess, backend, server):
     """The lines of ``show sess`` that belong to ``backend/server`` (text for a timeout message)."""
     marks = (f" be={backend} ", f" srv={server} ")

@@ -75,6 +75,26 @@ def parse_sinfo(text, node):
     )
 
 
+def sinfo_all_argv(nodes=()):
+    """sinfo of the given nodes, or of every node (one call either way)."""
+    return ["sinfo", "--noheader", "--Node", *([f"--nodes={','.join(nodes)}"] if nodes else []), "--format=%N|%T|%E"]
+
+
+def out_of_service(view):
+    """Why Slurm runs no job on the node now ("" when it does): drained, down or failed, or not responding."""
+    if is_out(view):
+        return f"Slurm {view['state']}" + (f" ({view['reason']})" if view["reason"] else "")
+    if "*" in view["flags"]:
+        return "Slurm: not responding"
+    return ""
+
+
+def nodes_view(text):
+    """``{node: why it is out of service, "" in service}`` of every node sinfo listed: one look."""
+    names = dict.fromkeys(line.strip().partition("|")[0] for line in text.splitlines() if "|" in line)
+    return {name: out_of_service(parse_sinfo(text, name)) for name in names}
+
+
 def parse_squeue(text):
     jobs = []
     for line in text.splitlines():

@@ -51,16 +51,17 @@ options:
     type: str
     required: true
   server:
-    description: The server's name in the backend.
+    description: The server's name in the backend; required unless O(state=query).
     type: str
-    required: true
   host:
     description: Inventory name of the host the server stands for, named in messages (default O(server)).
     type: str
   state:
-    description: V(drained) takes the server out of rotation and waits until it is idle; V(ready) puts it back.
+    description:
+      - V(drained) takes the server out of rotation and waits until it is idle; V(ready) puts it back.
+      - V(query) changes nothing and returns RV(out_of_service) for every server of the backend (two commands).
     type: str
-    choices: [drained, ready]
+    choices: [drained, ready, query]
     default: drained
   record_dir:
     description: Folder of the drain records on the host the module runs on; unset, O(state=ready) readies any server.
@@ -154,6 +155,11 @@ sessions:
   description: Current sessions (C(scur)) at the end.
   returned: always
   type: int
+out_of_service:
+  description: With O(state=query), per server of the backend why HAProxy sends it no traffic (C(HAProxy drain),
+    C(HAProxy maint), C(HAProxy health check DOWN)), empty when it is in rotation.
+  returned: state is query
+  type: dict
 drained_by:
   description:
     - After O(state=drained), who has the host out of service. C(run) this call took it out, C(gpufleet) an earlier
@@ -198,15 +204,16 @@ def build_module():
         argument_spec=dr.argument_spec(
             socket=dict(type="path", required=True),
             backend=dict(type="str", required=True),
-            server=dict(type="str", required=True),
+            server=dict(type="str"),
             host=dict(type="str"),
-            state=dict(type="str", choices=["drained", "ready"], default="drained"),
+            state=dict(type="str", choices=["drained", "ready", "query"], default="drained"),
             record_dir=dict(type="path"),
             run_id=dict(type="str", default=""),
             persistence=dict(type="str", choices=list(hx.PERSISTENCE_MODES), default="move"),
             on_timeout=dict(type="str", choices=["fail", "shutdown"], default="fail"),
             found_drained=dict(type="str", choices=list(dr.FOUND_DRAINED), default="upgrade"),
         ),
+        required_if=[("state", "drained", ["server"]), ("state", "ready", ["server"])],
         supports_check_mode=True,
     )
 
@@ -279,6 +286,12 @@ def shutdown(module, api, last, host, waited_s):
 
 def run(module):
     p = module.params
+    if p["state"] == "query":
+        # Two commands for the whole backend: the rollout's budget reads every server before each batch.
+        api, backend = hx.Runtime(p["socket"]), p["backend"]
+        states = hx.parse_servers_state(api.command(f"show servers state {backend}"))
+        out = hx.backend_view(states, hx.parse_stat(api.command(f"show stat {backend} 4 -1")), backend)
+        return {"changed": False, "out_of_service": out, "msg": f"{sum(1 for w in out.values() if w)} out of service"}
     backend, server = p["backend"], p["server"]
     host = p["host"] or server
     api = hx.Runtime(p["socket"])

@@ -29,16 +29,22 @@ attributes:
     description: Shows the node's state and reason before and after.
 options:
   node:
-    description: The node's name in Slurm (C(NodeName) in C(slurm.conf)).
+    description: The node's name in Slurm (C(NodeName) in C(slurm.conf)); required unless O(state=query).
     type: str
-    required: true
+  nodes:
+    description: With O(state=query), the nodes to look at (one C(sinfo)); empty, every node.
+    type: list
+    elements: str
+    default: []
   host:
     description: Inventory name of the host the node stands for, named in messages (default O(node)).
     type: str
   state:
-    description: V(drained) drains the node and waits until its jobs ended; V(resumed) puts it back.
+    description:
+      - V(drained) drains the node and waits until its jobs ended; V(resumed) puts it back.
+      - V(query) changes nothing and returns RV(out_of_service) for each of O(nodes).
     type: str
-    choices: [drained, resumed]
+    choices: [drained, resumed, query]
     default: drained
   run_id:
     description: Id of the run; the drain's reason is C(gpufleet RUN_ID).
@@ -89,6 +95,11 @@ jobs:
   returned: always
   type: list
   elements: dict
+out_of_service:
+  description: With O(state=query), per node Slurm listed why it runs no job (C(Slurm drained (reason)),
+    C(Slurm down (reason)), C(Slurm not responding)), empty when it is in service.
+  returned: state is query
+  type: dict
 drained_by:
   description:
     - Who has the node out of service after O(state=drained) (empty after O(state=resumed)), as in
@@ -115,12 +126,14 @@ from ansible_collections.gpufleet.upgrade.plugins.module_utils import _drain_slu
 def build_module():
     return AnsibleModule(
         argument_spec=dr.argument_spec(
-            node=dict(type="str", required=True),
+            node=dict(type="str"),
+            nodes=dict(type="list", elements="str", default=[]),
             host=dict(type="str"),
-            state=dict(type="str", choices=["drained", "resumed"], default="drained"),
+            state=dict(type="str", choices=["drained", "resumed", "query"], default="drained"),
             run_id=dict(type="str", default="manual"),
             found_drained=dict(type="str", choices=list(dr.FOUND_DRAINED), default="upgrade"),
         ),
+        required_if=[("state", "drained", ["node"]), ("state", "resumed", ["node"])],
         supports_check_mode=True,
     )
 
@@ -142,6 +155,10 @@ def jobs(module):
 
 def run(module):
     p = module.params
+    if p["state"] == "query":
+        # One sinfo for every node: the rollout's budget reads the whole serving group before each batch.
+        out = sl.nodes_view(slurm(module, sl.sinfo_all_argv(p["nodes"])))
+        return {"changed": False, "out_of_service": out, "msg": f"{sum(1 for w in out.values() if w)} out of service"}
     host = p["host"] or p["node"]
     view = look(module)
     action, why = sl.plan(p["state"], view)

@@ -80,8 +80,7 @@ def plan(hosts, serial=None, groups=None, group_max=None):
     members = {}
     for host in hosts:
         members.setdefault(str(groups.get(host, "") or ""), []).append(host)
-    limit = "25%" if group_max is None or str(group_max).strip() == "" else group_max
-    cap = {g: max(1, _amount(limit, len(m), "gpufleet_batch_group_max", minimum=1)) for g, m in members.items()}
+    cap = group_caps(groups, hosts, group_max)
     out = []
     while any(members.values()):
         size = _target(items, len(out), len(hosts), sum(len(waiting) for waiting in members.values()))
@@ -105,3 +104,42 @@ def failure_budget(value, total):
     if value is None or str(value).strip() == "":
         return 0
     return _amount(value, total, "gpufleet_max_failed_hosts")
+
+
+def group_caps(groups, hosts, group_max):
+    """``{group: the most of its hosts out of service at once}`` (gpufleet_batch_group_max over each group)."""
+    members = {}
+    for host in hosts:
+        members.setdefault(str(groups.get(host, "") or ""), []).append(host)
+    limit = "25%" if group_max is None or str(group_max).strip() == "" else group_max
+    return {g: max(1, _amount(limit, len(m), "gpufleet_batch_group_max", minimum=1)) for g, m in members.items()}
+
+
+def admit(batch, groups, caps, out):
+    """The batch as the serving groups' budget allows it now: ``(admitted, deferred)``.
+
+    batch: this batch's hosts; groups: ``{host: group}`` of every host of the rollout; caps: ``group_caps``; out:
+    ``{host: why}`` for every host of the rollout's groups out of service now (drained, down, failing its health
+    check), as the drain backend reports them before the batch. During the batch a group has out of service its hosts
+    already out plus the batch's hosts in service now; the batch's hosts in service beyond the cap wait (deferred:
+    ``{host: reason}``). A batch host already out of service takes nothing more from its group.
+    """
+    admitted, deferred = [], {}
+    for group in sorted({str(groups.get(h, "") or "") for h in batch}):
+        mine = [h for h in batch if str(groups.get(h, "") or "") == group]
+        already = sorted(h for h, g in groups.items() if str(g or "") == group and h in out)
+        room = caps.get(group, 1) - len(already)
+        for host in mine:
+            if host in out or room > 0:
+                admitted.append(host)
+                room -= 0 if host in out else 1
+                continue
+            shown = "; ".join(f"{h}: {out[h]}" for h in already)
+            deferred[host] = (
+                f"serving group {group or '(none)'} already has {len(already)} host(s) out of service ({shown}) and "
+                f"gpufleet_batch_group_max allows {caps.get(group, 1)} at once: upgrading {host} now would take more "
+                "out; fix: bring those hosts back into service (or raise gpufleet_batch_group_max), then run the "
+                "upgrade again for the hosts left"
+            )
+    order = {h: i for i, h in enumerate(batch)}
+    return sorted(admitted, key=order.__getitem__), deferred

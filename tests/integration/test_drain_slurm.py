@@ -8,8 +8,9 @@ default ``gpufleet_slurm_node``). Both hosts are upgraded in one batch:
 * node 1 runs a job when the upgrade starts. The job goes on until it is told to end, which the test does a few
   seconds after Slurm shows the node DRAINING: the drain phase must wait for it, so the host changes only after
   the job ended, and the undrain resumes the node.
-* node 2 was drained by an operator before the run (reason "fan replacement"): the run upgrades it, neither drains
-  nor resumes it, and it is still drained with the operator's reason at the end.
+* node 2 was drained by an operator before the run (reason "fan replacement"). A check-mode run without
+  gpufleet_upgrade_drained_hosts refuses it at its drain, naming the drain found and the fix; with it the run upgrades
+  it, neither drains nor resumes it, and it is still drained with the operator's reason at the end.
 """
 
 from __future__ import annotations
@@ -87,6 +88,20 @@ def test_upgrade_waits_for_the_job_and_leaves_an_operators_drain(cluster, fleet,
     assert set(cluster["nodes"]) == {busy, held}
     slurm(cluster, "scontrol", "update", f"nodename={held}", "state=drain", f"reason={OPERATOR_REASON}")
     lab_nodes.node_exec(busy, ["rm", "-f", RELEASE, ENDED])
+    # Without gpufleet_upgrade_drained_hosts the drain refuses the node an operator drained (check mode: it reads
+    # Slurm, sends no command), and names the fix.
+    looked = run_playbook(
+        "playbooks/upgrade.yml",
+        fleet.inventory,
+        check=True,
+        envvars={"ANSIBLE_TIMEOUT": "60", **cluster["env"]},
+        extravars={"gpufleet_drain": "slurm", "gpufleet_batch_size": 2},
+    )
+    refused = looked.task(DRAIN_TASK, host=held).res
+    assert refused.get("failed") and refused["drained_by"] == "other", refused
+    assert f"Slurm node {held} was drained (reason '{OPERATOR_REASON}') before this run" in refused["msg"]
+    assert "fix: set gpufleet_upgrade_drained_hosts=true" in refused["msg"]
+    assert node_state(cluster, held) == f"drained|{OPERATOR_REASON}"
     wrap = f"for i in $(seq {JOB_CAP_S}); do [ -e {RELEASE} ] && break; sleep 1; done; date +%s.%N > {ENDED}"
     sbatch = ["sbatch", "--parsable", f"--nodelist={busy}", "--chdir=/tmp", "--output=/dev/null", "--wrap", wrap]
     job = slurm(cluster, *sbatch).stdout.strip().split(";")[0]
@@ -103,7 +118,12 @@ def test_upgrade_waits_for_the_job_and_leaves_an_operators_drain(cluster, fleet,
             "playbooks/upgrade.yml",
             fleet.inventory,
             envvars={"ANSIBLE_TIMEOUT": "60", **cluster["env"]},
-            extravars={"gpufleet_drain": "slurm", "gpufleet_drain_timeout_s": 300, "gpufleet_batch_size": 2},
+            extravars={
+                "gpufleet_drain": "slurm",
+                "gpufleet_drain_timeout_s": 300,
+                "gpufleet_batch_size": 2,
+                "gpufleet_upgrade_drained_hosts": True,
+            },
         )
     finally:
         stop.set()
@@ -126,6 +146,7 @@ def test_upgrade_waits_for_the_job_and_leaves_an_operators_drain(cluster, fleet,
 
     left = result.task(DRAIN_TASK, host=held).res
     assert not left["changed"] and "by someone else" in left["msg"] and left["waited_s"] == 0, left
+    assert left["drained_by"] == "other" and drained["drained_by"] == "run"
     kept = result.task(RESUME_TASK, host=held).res
     assert not kept["changed"] and kept["node_state"]["reason"] == OPERATOR_REASON, kept
     assert node_state(cluster, held) == f"drained|{OPERATOR_REASON}"

@@ -663,3 +663,12 @@ def test_real_on_timeout_shutdown_ends_what_still_runs(sticky_haproxy, warnings)
     assert any("ended 1 session(s) of ck/a" in w for w in warnings.get_warning_messages())
     client.join(timeout=SLOW_S + 5)
     assert "error" in outcome, f"the cut request was answered: {outcome}"
+
+
+def test_query_reads_every_server_of_the_backend_at_once(fake, tmp_path):
+    fake.servers["node1"]["admin"] = 1
+    fake.servers["node2"]["op"] = 0
+    ok, res = call({"socket": fake.path, "backend": "serving", "state": "query"})
+    assert ok and not res["changed"] and fake.sets() == []
+    assert res["out_of_service"]["node1"] == "HAProxy maint"
+    assert res["out_of_service"]["node2"].startswith("HAProxy health check ")

@@ -289,3 +289,22 @@ def test_real_slurm_drain_waits_for_a_job_and_resumes(real_slurm, monkeypatch):
     ok, back = call({"node": node, "host": node, "state": "resumed"})
     assert ok and not back["changed"] and back["node_state"]["reason"] == "disk replacement", back
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)
+
+
+def test_out_of_service_reads_drains_downs_and_silence():
+    text = "g1|idle|none\ng2|down*|GPU 3 fell off the bus\ng3|drained|gpufleet r1\ng4|mixed*|none\ng5|allocated|none\n"
+    assert sl.nodes_view(text) == {
+        "g1": "",
+        "g2": "Slurm down (GPU 3 fell off the bus)",
+        "g3": "Slurm drained (gpufleet r1)",
+        "g4": "Slurm: not responding",
+        "g5": "",
+    }
+    assert sl.sinfo_all_argv(["g1", "g2"])[3] == "--nodes=g1,g2" and "--nodes" not in " ".join(sl.sinfo_all_argv())
+
+
+def test_query_reads_without_changing(cluster):
+    now = cluster(state="down", reason="PSU")
+    ok, res = call({"state": "query", "nodes": ["gpu01"], "node": None})
+    assert ok and not res["changed"] and res["out_of_service"] == {"gpu01": "Slurm down (PSU)"}, res
+    assert updates(now) == []

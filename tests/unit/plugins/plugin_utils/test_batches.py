@@ -96,3 +96,44 @@ def test_the_filter_reads_each_hosts_group_and_refuses_a_variable_no_host_sets()
         filters.batch_plan(["a1", "a2", "b1"], [3], hostvars, "serving_group")
     with pytest.raises(AnsibleFilterError, match="gpufleet_max_failed_hosts"):
         filters.failure_budget("many", 3)
+
+
+# --------------------------------------------------------------------------- the budget before each batch
+
+GROUPS = {"a1": "a", "a2": "a", "a3": "a", "a4": "a", "b1": "b", "b2": "b"}
+
+
+def test_hosts_already_out_of_service_count_against_the_group_max():
+    caps = _batches.group_caps(GROUPS, list(GROUPS), 2)
+    # a3 and a4 are down: group a has no room left, so a1 waits; b is untouched
+    admitted, deferred = _batches.admit(["a1", "b1"], GROUPS, caps, {"a3": "HAProxy maint", "a4": "Slurm down (PSU)"})
+    assert admitted == ["b1"]
+    assert deferred["a1"] == (
+        "serving group a already has 2 host(s) out of service (a3: HAProxy maint; a4: Slurm down (PSU)) and "
+        "gpufleet_batch_group_max allows 2 at once: upgrading a1 now would take more out; fix: bring those hosts back "
+        "into service (or raise gpufleet_batch_group_max), then run the upgrade again for the hosts left"
+    )
+
+
+def test_the_batch_shrinks_to_the_room_left():
+    caps = _batches.group_caps(GROUPS, list(GROUPS), 2)
+    admitted, deferred = _batches.admit(["a1", "a2"], GROUPS, caps, {"a4": "HAProxy health check DOWN"})
+    assert admitted == ["a1"] and list(deferred) == ["a2"]
+    assert _batches.admit(["a1", "a2"], GROUPS, caps, {}) == (["a1", "a2"], {})
+
+
+def test_a_batch_host_already_out_takes_nothing_more():
+    caps = _batches.group_caps(GROUPS, list(GROUPS), 1)
+    admitted, deferred = _batches.admit(["a1", "a2"], GROUPS, caps, {"a1": "HAProxy maint"})
+    # a1 is out already and stays so; a2 would be a second host of a out at once
+    assert admitted == ["a1"] and list(deferred) == ["a2"]
+
+
+def test_the_filter_maps_server_names_and_leaves_batches_alone_without_groups():
+    from ansible_collections.gpufleet.upgrade.plugins.filter.batches import batch_admit
+
+    hostvars = {h: {"grp": g, "srv": f"srv-{h}"} for h, g in GROUPS.items()}
+    seen = {"srv-a3": "HAProxy maint", "srv-a4": "", "srv-a1": ""}
+    got = batch_admit(["a1", "a2"], hostvars, list(GROUPS), "grp", "25%", seen, "srv")
+    assert got["out"] == {"a3": "HAProxy maint"} and got["admitted"] == [] and sorted(got["deferred"]) == ["a1", "a2"]
+    assert batch_admit(["a1"], hostvars, list(GROUPS), "", 1, seen, "srv")["admitted"] == ["a1"]
