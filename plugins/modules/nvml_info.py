@@ -23,12 +23,32 @@ description:
   - A field the GPU does not support reads C(not supported); the module never fails for it.
   - Without a driver or NVML the module fails with the reason, unless O(gpu_required=false), when it returns
     C(status=skipped) with C(skipped_reason) (hosts without GPUs, such as the lab).
+  - "With O(xid), the kernel log is read as well (the journal's kernel messages of this boot, else C(dmesg)): every
+    NVIDIA Xid line logged since the serving unit's main process started (its C(ExecMainStartTimestampMonotonic), or
+    O(xid.since_s)) is mapped to its GPU by PCI bus id; an Xid of O(xid.fail_on) fails the host, naming the GPU, the
+    Xid, the line and the fix; others are notes. A log that cannot be read is a note, never a pass in disguise:
+    RV(xid.source) is null then."
   - Read-only; never reports changed.
 version_added: 0.1.0
 author: gpufleet maintainers (@gpufleet)
 requirements:
   - nvidia-ml-py (module pynvml) on the managed host, and the NVIDIA driver's libnvidia-ml.so.1
 options:
+  xid:
+    description: Judge the kernel log's Xid lines (profile C(postcheck.xid)); absent, the log is not read.
+    type: dict
+    suboptions:
+      fail_on:
+        description: Xids that fail the host (e.g. 79 fallen off the bus, 48/63/64/94/95 ECC and row remaps).
+        type: list
+        elements: int
+        required: true
+      since_s:
+        description: Seconds since boot from which lines count; default the serving unit's main process start.
+        type: float
+      host:
+        description: The host's name in the messages (the inventory name); default the host's own name.
+        type: str
   thresholds:
     description:
       - Health thresholds, as in the stack profile's C(postcheck.health).
@@ -246,6 +266,12 @@ foreign_processes:
   returned: when NVML is available
   type: list
   elements: dict
+xid:
+  description: The Xid gate - C(passed), C(reasons), C(notes), C(events) (C(xid), C(pci), C(line), C(at_s),
+    C(gpu_index), C(gpu_uuid)), C(source) (C(journal), C(dmesg), or null when the log could not be read),
+    C(since_s), C(fail_on).
+  returned: when O(xid) is given
+  type: dict
 gpus:
   description: Per GPU facts with C(healthy), C(reasons), C(notes), C(server_processes) and C(foreign_processes).
     A field the GPU does not support reads
@@ -282,12 +308,20 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gates, _nvml, _server
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _gates, _nvml, _server, _xid
 
 ARGUMENT_SPEC = {
     "thresholds": {"type": "dict", "default": {}, "options": _nvml.THRESHOLD_SPEC},
     "gpu_required": {"type": "bool", "default": True},
     "expected_gpu_count": {"type": "int"},
+    "xid": {
+        "type": "dict",
+        "options": {
+            "fail_on": {"type": "list", "elements": "int", "required": True},
+            "since_s": {"type": "float"},
+            "host": {"type": "str"},
+        },
+    },
     **_server.SERVER_SPEC,
     "gates": {
         "type": "dict",
@@ -324,7 +358,32 @@ def run(module, nvml_loader=_nvml.load_pynvml):
     if facts is not None and (server_pids is not None or server["error"]):
         result["server"] = _server.server_fact(server)
         result["notes"] = _server.server_notes(server) + result["notes"]
+    if params["xid"] is not None:
+        add_xid(module, result, host, server)
     return result
+
+
+def add_xid(module, result, host, server):
+    """The kernel log's Xids since the unit started join the host's reasons (a skipped host keeps them as notes)."""
+    params = module.params["xid"]
+    host = params["host"] or host
+    xid = _xid.check(
+        module.run_command,
+        module.get_bin_path,
+        params["fail_on"],
+        result.get("gpus"),
+        host,
+        params["since_s"],
+        server.get("unit"),
+    )
+    result["xid"] = xid
+    if result.get("status") == "skipped":
+        result["notes"] = result["notes"] + xid["reasons"] + xid["notes"]
+        return
+    result["reasons"] = result["reasons"] + xid["reasons"]
+    result["notes"] = result["notes"] + xid["notes"]
+    if xid["reasons"]:
+        result["healthy"], result["status"] = False, "unhealthy"
 
 
 def main():
