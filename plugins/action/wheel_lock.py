@@ -33,7 +33,7 @@ class ActionModule(WheelAction):
             # before anything is fetched or any host changes.
             doc = lf.read(path)
             lf.check_profile(doc, profile, path)
-            lf.check_urls(doc, path, lf.allowed_urls(profile, args["fleet_cache_url"], allowed))
+            lf.check_urls(doc, path, lf.allowed_urls(profile, args["fleet_cache_url"], allowed), profile)
             locks = [lf.entry_lock(doc, entry, path, wheelhouse) for entry in doc["entries"]]
             fetched = self._fetch(args, locks, wheelhouse) if args["fetch"] else []
             self._check_wheels(args, locks, wheelhouse, path)

@@ -39,7 +39,7 @@ class ActionModule(WheelAction):
         wheelhouse = start.wheelhouse
         fetcher = Fetcher(timeout=args["timeout"])
         if args["lock_file"]:
-            return self._plan_lock_file(result, args, profile, fetcher, wheelhouse, host)
+            return self._plan_lock_file(result, args, profile, fetcher, wheelhouse, host, task_vars)
         target = Target(
             python_version=args["python_version"] or profile["python"]["version"], platform=args["platform"]
         )
@@ -73,7 +73,10 @@ class ActionModule(WheelAction):
                 return self.fail(result, f"{host}: {exc}")
         # The same lock as a lock file, so what this run installs can be reviewed and applied again as it is.
         made_file = lock_path[: -len(".json")] + ".lock.yml"
-        doc = lf.make_document(profile, [lock], lock.get("generated_at") or _now())
+        try:
+            doc = lf.make_document(profile, [lock], lock.get("generated_at") or _now(), _allowed(self, task_vars))
+        except lf.LockFileError as exc:
+            return self.fail(result, f"{host}: {exc}")
         if not self._task.check_mode and not _same_entries(made_file, doc):
             lf.write(made_file, lf.dumps(doc))
         lock["path"] = lock_path
@@ -116,7 +119,7 @@ class ActionModule(WheelAction):
             reuse_wheelhouse=wheelhouse,
         )
 
-    def _plan_lock_file(self, result, args, profile, fetcher, wheelhouse, host):
+    def _plan_lock_file(self, result, args, profile, fetcher, wheelhouse, host, task_vars=None):
         """Plan every target, write the lock file and its report (not in check mode), diff it against the previous
         one. An unchanged plan leaves the file as it is (its date too), so a re-plan without news is no change."""
         path = args["lock_file"]
@@ -148,7 +151,10 @@ class ActionModule(WheelAction):
                     f" {target['python']}, failed: {exc}. The lock file {path} was not changed",
                 )
             locks.append(lock)
-        doc = lf.make_document(profile, locks, _now())
+        try:
+            doc = lf.make_document(profile, locks, _now(), _allowed(self, task_vars))
+        except lf.LockFileError as exc:
+            return self.fail(result, f"{host}: {exc}")
         change = lf.diff(previous, doc)
         if previous is not None and not change["changed"]:
             doc = previous
@@ -234,3 +240,8 @@ def _write_json(path, doc):
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(doc, handle, indent=1, sort_keys=True, default=str)
     os.replace(tmp, path)
+
+
+def _allowed(action, task_vars):
+    """gpufleet_lock_allowed_urls: URL prefixes a lock's wheels may come from besides the indexes' files."""
+    return action._templar.template((task_vars or {}).get("gpufleet_lock_allowed_urls") or [])

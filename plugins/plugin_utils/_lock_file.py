@@ -69,14 +69,19 @@ def replan(path: str) -> str:
 # ---------------------------------------------------------------------------------------------------- profile hash
 
 
+# What a site's mirrors (``gpufleet_index_urls``) change in a profile: an index's URL, where its files are, the mark.
+SITE_KEYS = ("url", "files", "site_mirror")
+
+
 def profile_hash(profile: dict) -> str:
-    """sha256 of the profile's content in canonical JSON, without where it was read from and without any URL: a
-    site's mirrors (``gpufleet_index_urls``) may differ between planning and applying, and the lock pins every wheel
-    by sha256 anyway. Comments and key order in the profile's file do not count; every value does."""
+    """sha256 of the profile's content in canonical JSON, without where it was read from and without any URL or URL
+    prefix (``SITE_KEYS``): a site's mirrors may differ between planning and applying, the lock pins every wheel by
+    sha256 anyway, and its URLs are checked against the profile as loaded (``check_urls``). Comments and key order
+    in the profile's file do not count; every other value does."""
 
     def strip(value):
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "url"}
+            return {k: strip(v) for k, v in value.items() if k not in SITE_KEYS}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
@@ -156,10 +161,16 @@ def entry_from_lock(lock: dict) -> dict:
     return entry
 
 
-def make_document(profile: dict, locks: list, generated_at: str) -> dict:
+def make_document(profile: dict, locks: list, generated_at: str, extra_urls=()) -> dict:
     """The lock file of the planner's ``locks`` (one per target) for ``profile``: entries in platform order, sealed
-    with its digest."""
+    with its digest. A wheel URL its audit would refuse (``check_urls``: off every index's files and ``extra_urls``,
+    ``gpufleet_lock_allowed_urls``) is refused here, so no lock file holds one: LockFileError."""
     entries = sorted((entry_from_lock(lock) for lock in locks), key=_entry_key)
+    # A profile names at least one index (its schema): a stand-in without any has nothing to judge URLs by.
+    judged = bool((profile.get("wheels") or {}).get("indexes"))
+    refused = judged and url_refusal(entries, allowed_urls(profile, None, extra_urls), profile)
+    if refused:
+        raise LockFileError(f"the plan {refused}. No lock file was written; no host was changed")
     return seal(
         {
             "schema": SCHEMA,
@@ -401,18 +412,24 @@ def _default_index_files(url: str) -> str | None:
     return f"https://{PyPI.file_storage_domain}/"
 
 
+def index_files(index: dict) -> list:
+    """Where an index's pages may link its wheel files: its ``files`` (the profile's, or a site mirror's), else its
+    own origin, and for pip's default index where pip says it serves its files."""
+    if index.get("files"):
+        return [str(prefix) for prefix in index["files"] if _origin(prefix)]
+    origin = _origin(index.get("url"))
+    default = _default_index_files(index.get("url"))
+    return [_prefix(origin)] * bool(origin) + [default] * bool(default)
+
+
 def allowed_urls(profile: dict, fleet_cache_url: str | None = None, extra=()) -> dict:
-    """{URL prefix: what allows it}: the origin of each of the profile's indexes (after the site's mirrors,
-    ``gpufleet_index_urls``), where pip's default index serves its files, the fleet or site cache, and the operator's
-    ``extra`` prefixes (``gpufleet_lock_allowed_urls``: an index whose listings link files on another host)."""
+    """{URL prefix: what allows it}: where each of the profile's indexes (after the site's mirrors,
+    ``gpufleet_index_urls``) links its files (``index_files``), the fleet or site cache, and the operator's ``extra``
+    prefixes (``gpufleet_lock_allowed_urls``)."""
     allowed = {}
     for index in (profile.get("wheels") or {}).get("indexes") or []:
-        origin = _origin(index.get("url"))
-        if origin:
-            allowed.setdefault(_prefix(origin), f"index {index['name']}")
-        files = _default_index_files(index.get("url"))
-        if files:
-            allowed.setdefault(files, f"index {index['name']} (where pip's default index serves its files)")
+        for prefix in index_files(index):
+            allowed.setdefault(prefix, f"index {index['name']}")
     if fleet_cache_url and _origin(fleet_cache_url):
         allowed.setdefault(_prefix(_origin(fleet_cache_url)), "the fleet cache (gpufleet_fleet_cache_url)")
     for prefix in extra or ():
@@ -445,24 +462,66 @@ def url_allowed(url: str, allowed: dict) -> bool:
     return any(normal.startswith(_normal(prefix) or "\0") for prefix in allowed)
 
 
-def check_urls(doc: dict, path: str, allowed: dict) -> None:
-    """Refuse a lock file naming a wheel URL outside ``allowed`` (``allowed_urls``), before anything is fetched."""
-    refused = [
-        f"entry {_label(entry)}, {group[:-1]} {package.get('name')}: {package.get('url')}"
-        for entry in doc["entries"]
-        for group in ("packages", "tools")
-        for package in entry.get(group) or []
-        if not url_allowed(package.get("url"), allowed)
-    ]
+def check_urls(doc: dict, path: str, allowed: dict, profile: dict | None = None) -> None:
+    """Refuse a lock file naming a wheel URL outside ``allowed`` (``allowed_urls``), before anything is fetched. The
+    same check as ``make_document``'s when plan.yml writes it (``url_refusal``)."""
+    refused = url_refusal(doc["entries"], allowed, profile)
     if refused:
         raise LockFileError(
-            f"{path} names wheel URLs that are none of the profile's indexes nor the fleet cache"
-            f" ({'; '.join(refused)});"
-            f" allowed: http(s) under {', '.join(sorted(allowed)) or 'nothing (the profile names no http(s) index)'};"
-            " nothing was fetched. fix: plan the lock file again from the profile's indexes"
-            f" (ansible-playbook playbooks/plan.yml -e gpufleet_lock_file={path}), or, where an index links its"
-            " files on another host, add that URL prefix to gpufleet_lock_allowed_urls. No host was changed"
+            f"{path} {refused}; or plan the lock file again from the profile's indexes (ansible-playbook"
+            f" playbooks/plan.yml -e gpufleet_lock_file={path}). Nothing was fetched. No host was changed"
         )
+
+
+def url_refusal(entries: list, allowed: dict, profile: dict | None = None) -> str | None:
+    """The wheels of ``entries`` whose URL is off ``allowed``, in words, each with the index it was planned from,
+    and the fix: the field that declares where that index links its files; None when every URL is allowed."""
+    refused, fixes = [], []
+    for entry in entries:
+        for group in ("packages", "tools"):
+            for package in entry.get(group) or []:
+                if url_allowed(package.get("url"), allowed):
+                    continue
+                index = _index_named(profile, package.get("index"))
+                where = f" (planned from index {index['name']})" if index else ""
+                refused.append(
+                    f"entry {_label(entry)}, {group[:-1]} {package.get('name')}: {package.get('url')}{where}"
+                )
+                fix = _files_fix(profile, index, package.get("url"))
+                if fix not in fixes:
+                    fixes.append(fix)
+    if not refused:
+        return None
+    under = ", ".join(sorted(allowed)) or "nothing (the profile names no http(s) index)"
+    return (
+        f"names wheel URLs off every place the profile's indexes link their files and off the fleet cache"
+        f" ({'; '.join(refused)}); allowed: http(s) under {under}. fix: {'; '.join(fixes)}"
+    )
+
+
+def _index_named(profile: dict | None, name) -> dict | None:
+    for index in ((profile or {}).get("wheels") or {}).get("indexes") or []:
+        if name and index.get("name") == name:
+            return index
+    return None
+
+
+def _files_fix(profile: dict | None, index: dict | None, url) -> str:
+    """Where to declare that an index links its files at ``url``: the profile's field, or the site mirror's."""
+    folder = str(url).rsplit("/", 1)[0] + "/" if _origin(url) else None
+    what = f"a prefix of {folder} (its folder, or a shorter one)" if folder else "the URL prefix its files are under"
+    if index is None:
+        return (
+            f"if one of the profile's indexes links its files there, add {what} to that index's files"
+            " (wheels.indexes[<name>].files in the profile), or to gpufleet_lock_allowed_urls"
+        )
+    name = index["name"]
+    if index.get("site_mirror"):
+        field = f"gpufleet_index_urls.{name}.files (the site's mirror of index {name}: {{url, files}})"
+    else:
+        source = ((profile or {}).get("source") or {}).get("path")
+        field = f"wheels.indexes[{name}].files of profile {profile.get('name')}" + (f" ({source})" if source else "")
+    return f"if index {name} links its wheel files there, add {what} to {field}, or to gpufleet_lock_allowed_urls"
 
 
 # ---------------------------------------------------------------------------------------------------- read

@@ -172,7 +172,7 @@ def _pip_config_files():
 
 
 def apply_overrides(profile, index_urls=None, redist_url=None):
-    """Site overrides (mirrors): index name -> URL, and the redist mirror URL."""
+    """Site overrides (mirrors): index name -> URL (or {url, files}: ``_mirror``), and the redist mirror URL."""
     out = copy.deepcopy(profile)
     index_urls = index_urls or {}
     known = {i["name"] for i in out["wheels"]["indexes"]}
@@ -183,13 +183,47 @@ def apply_overrides(profile, index_urls=None, redist_url=None):
             f" known: {', '.join(sorted(known))}"
         )
     for index in out["wheels"]["indexes"]:
-        index["url"] = index_urls.get(index["name"], index["url"])
+        if index["name"] in index_urls:
+            _mirror(index, index_urls[index["name"]])
         if index["url"] == "default":
             index["url"] = default_index_url()
             index["is_default"] = True
     if redist_url:
         out["cuda"]["sources"].setdefault("redist", {})["url"] = redist_url
     return out
+
+
+def _mirror(index: dict, mirror) -> None:
+    """A site mirror in place of ``index``: ``mirror`` is its URL, or {url, files}. The mirror serves the index's
+    files itself unless the site says where (``files``): the profile's ``files`` name where the original index links
+    them, which a mirror's pages do not."""
+    name = index["name"]
+    fix = (
+        f"fix: set gpufleet_index_urls.{name} to the mirror's URL, or to {{url: <mirror URL>, files: [<URL prefix"
+        " where its pages link the wheel files>, ...]}"
+    )
+    if isinstance(mirror, dict):
+        unknown = sorted(set(mirror) - {"url", "files"})
+        url, files = mirror.get("url"), mirror.get("files")
+    else:
+        unknown, url, files = [], mirror, None
+    if unknown or not isinstance(url, str) or not url:
+        raise ProfileError(f"gpufleet_index_urls.{name} is {mirror!r}: not a URL nor {{url, files}}; {fix}")
+    if files is not None and (not isinstance(files, list) or not files or not all(_http_prefix(f) for f in files)):
+        raise ProfileError(
+            f"gpufleet_index_urls.{name}.files is {files!r}: not a list of http(s) URL prefixes (scheme://host/...);"
+            f" {fix}"
+        )
+    index["url"] = url
+    index["site_mirror"] = True
+    if files is not None:
+        index["files"] = list(files)
+    else:
+        index.pop("files", None)  # the default: the mirror's own origin
+
+
+def _http_prefix(value) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"https?://[^/@\s]+/\S*", value) is not None
 
 
 def load_profile(name=None, path=None, search_dirs=(), index_urls=None, redist_url=None):

@@ -11,11 +11,16 @@ import http.server
 import re
 import threading
 import zipfile
+from pathlib import Path
 
 import pytest
+from packaging.utils import parse_wheel_filename
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock_file as lf
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._index import collapse_republished
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._profile import load_profile
+from ansible_collections.gpufleet.upgrade.plugins.plugin_utils._wheels import parse_project_html
 
 PROFILE = {
     "name": "lab",
@@ -423,7 +428,7 @@ def test_a_wheel_url_off_the_profile_s_indexes_is_refused_naming_the_entry_and_t
         lf.check_urls(doc, "fleet.lock.yml", allowed())
     assert f"entry x86_64-manylinux_2_36 Python 3.11, package six: {url}" in str(refused.value)
     assert "allowed: http(s) under http://127.0.0.1:38100/" in str(refused.value)
-    assert "nothing was fetched" in str(refused.value) and "No host was changed" in str(refused.value)
+    assert "Nothing was fetched" in str(refused.value) and "No host was changed" in str(refused.value)
 
 
 def test_allowed_urls_are_the_indexes_after_mirrors_the_fleet_cache_and_the_operator_s_prefixes():
@@ -520,3 +525,127 @@ def test_a_wheel_s_metadata_is_read_once_by_its_sha256(tmp_path, monkeypatch):
     monkeypatch.setattr(lf, "read_metadata", lambda p: opened.append(p) or real(p))
     assert lf.metadata_problems([entry], str(tmp_path)) == lf.metadata_problems([entry], str(tmp_path)) == []
     assert opened == [str(path)]
+
+
+# ---------------------------------------------------------------------------------------------------- real pages
+# Recorded pages of real indexes (tests/data/index/pages, RECORDED.json): the sgl-kernel and flashinfer-jit-cache cu130
+# pages link GitHub release assets, another host than their index's; PyTorch's links files on its index host. The
+# record keeps each link's path only (scripts/record_index_data.py strip_origins): LINKED puts back the host the
+# public repositories' pages name, so the planner's parser reads each page as its index serves it.
+PAGES = Path(__file__).resolve().parents[3] / "data" / "index" / "pages"
+RECORDED = {
+    # source: (profile index, page URL, origin of its links, file chosen)
+    "sgl-whl-cu130": (
+        "sgl-kernel-cu130",
+        "https://docs.sglang.io/whl/cu130/sgl-kernel/",
+        "https://github.com",
+        "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl",
+    ),
+    "flashinfer-whl-cu130": (
+        "flashinfer-cu130",
+        "https://flashinfer.ai/whl/cu130/flashinfer-jit-cache/",
+        "https://github.com",
+        "flashinfer_jit_cache-0.6.4+cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
+    ),
+    "pytorch-nightly-cu130": (
+        "pytorch-nightly-cu130",
+        "https://download.pytorch.org/whl/nightly/cu130/torch/",
+        None,  # host-relative on the real page too
+        "torch-2.11.0.dev20260113+cu130-cp312-cp312-manylinux_2_28_x86_64.whl",
+    ),
+}
+
+
+def planned_from_page(source):
+    """A lock entry of the cu130 profile whose profile package is the file a plan takes from the recorded page."""
+    index, page_url, origin, filename = RECORDED[source]
+    (page,) = (PAGES / source).glob("*/index.html")
+    text = page.read_text()
+    if origin:
+        text = text.replace('href="/', f'href="{origin}/')
+    cands = collapse_republished(parse_project_html(text, page_url, index))
+    (cand,) = [c for c in cands if c.filename == filename]
+    name, version, _build, _tags = parse_wheel_filename(cand.filename)
+    planned = lock(platform="x86_64-manylinux_2_28", python="3.12")
+    planned["packages"] = [
+        {
+            "name": str(name),
+            "version": str(version),
+            "filename": cand.filename,
+            "url": cand.url,
+            "sha256": cand.sha256 or "d" * 64,
+            "index": index,
+            "size": 1000,
+            "role": "profile",
+        }
+    ]
+    planned["tools"] = []
+    return planned
+
+
+def without_files(profile, index):
+    """``profile`` with no index declaring where ``index`` links its files (FlashInfer's two indexes share theirs)."""
+    bare = copy.deepcopy(profile)
+    (declared,) = [i["files"] for i in bare["wheels"]["indexes"] if i["name"] == index]
+    for item in bare["wheels"]["indexes"]:
+        if item.get("files") == declared:
+            item.pop("files")
+    return bare
+
+
+@pytest.mark.parametrize("source", sorted(RECORDED))
+def test_a_lock_planned_from_a_real_index_page_is_written_and_audited_when_the_profile_declares_where_its_files_are(
+    source,
+):
+    cu130 = load_profile(name="cu130")
+    planned = planned_from_page(source)
+    doc = lf.make_document(cu130, [planned], "t")
+    lf.check_urls(doc, "fleet.lock.yml", lf.allowed_urls(cu130), cu130)
+    assert lf.loads(lf.dumps(doc), "fleet.lock.yml")["entries"][0]["packages"][0]["url"].startswith("https://")
+
+
+@pytest.mark.parametrize("source", ["sgl-whl-cu130", "flashinfer-whl-cu130"])
+def test_a_page_linking_files_on_another_host_than_its_index_is_refused_unless_the_profile_declares_it(source):
+    cu130 = load_profile(name="cu130")
+    index = RECORDED[source][0]
+    planned = planned_from_page(source)
+    url = planned["packages"][0]["url"]
+    bare = without_files(cu130, index)
+    field = f"wheels.indexes[{index}].files of profile cu130 ({cu130['source']['path']})"
+    # Plan time: no lock file holds a URL its audit would refuse.
+    with pytest.raises(lf.LockFileError) as at_plan:
+        lf.make_document(bare, [planned], "t")
+    assert f"package {planned['packages'][0]['name']}: {url} (planned from index {index})" in str(at_plan.value)
+    assert field in str(at_plan.value) and "No lock file was written" in str(at_plan.value)
+    # Audit: the same check, on a lock file written while the profile declared the host.
+    doc = lf.make_document(cu130, [planned], "t")
+    with pytest.raises(lf.LockFileError) as at_audit:
+        lf.check_urls(doc, "fleet.lock.yml", lf.allowed_urls(bare), bare)
+    assert f"(planned from index {index})" in str(at_audit.value) and field in str(at_audit.value)
+    assert f"add a prefix of {url.rsplit('/', 1)[0]}/" in str(at_audit.value)
+    assert "Nothing was fetched. No host was changed" in str(at_audit.value)
+    # The operator's prefix allows it too, at plan and at audit.
+    extra = [url.rsplit("/", 2)[0] + "/"]
+    lf.check_urls(lf.make_document(bare, [planned], "t", extra), "f", lf.allowed_urls(bare, None, extra), bare)
+
+
+def test_a_site_mirror_serves_its_files_itself_unless_the_site_says_where():
+    mirror = "https://mirror.site.example/sgl/cu130"
+    planned = planned_from_page("sgl-whl-cu130")
+    github = planned["packages"][0]["url"]
+    mirrored = load_profile(name="cu130", index_urls={"sgl-kernel-cu130": mirror})
+    planned["packages"][0]["url"] = f"https://mirror.site.example/sgl/files/{planned['packages'][0]['filename']}"
+    doc = lf.make_document(mirrored, [planned], "t")
+    lf.check_urls(doc, "f", lf.allowed_urls(mirrored), mirrored)
+    # The profile's files name where the original index links them, not the mirror: off the mirror, refused.
+    planned["packages"][0]["url"] = github
+    with pytest.raises(lf.LockFileError, match=re.escape("gpufleet_index_urls.sgl-kernel-cu130.files")):
+        lf.make_document(mirrored, [planned], "t")
+    site = {"sgl-kernel-cu130": {"url": mirror, "files": ["https://assets.site.example/sgl/"]}}
+    told = load_profile(name="cu130", index_urls=site)
+    planned["packages"][0]["url"] = f"https://assets.site.example/sgl/{planned['packages'][0]['filename']}"
+    lf.check_urls(lf.make_document(told, [planned], "t"), "f", lf.allowed_urls(told), told)
+    with pytest.raises(lf.LockFileError, match="package sgl-kernel"):
+        lf.check_urls(lf.make_document(told, [planned], "t"), "f", lf.allowed_urls(mirrored), mirrored)
+    # Where the files are is the site's, not the profile's content: the lock's profile hash stays.
+    assert lf.profile_hash(told) == lf.profile_hash(mirrored) == lf.profile_hash(load_profile(name="cu130"))

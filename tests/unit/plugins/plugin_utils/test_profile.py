@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,42 @@ def test_a_profile_file_with_it_fails_to_load_naming_the_file(tmp_path):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_no_shipped_profile_sets_a_presence_flag(name):
     assert set(load(name)["serving"].get("env") or {}).isdisjoint(_server.PRESENCE_FLAGS)
+
+
+def test_a_site_mirror_replaces_an_index_s_url_and_where_its_files_are_unless_the_site_says_where():
+    shipped = prof.load_profile(name="cu130")
+    (sgl,) = [i for i in shipped["wheels"]["indexes"] if i["name"] == "sgl-kernel-cu130"]
+    assert sgl["files"] == ["https://github.com/sgl-project/whl/releases/download/"] and "site_mirror" not in sgl
+    mirror = "https://mirror.site.example/sgl/cu130"
+    profile = prof.load_profile(name="cu130", index_urls={"sgl-kernel-cu130": mirror})
+    (sgl,) = [i for i in profile["wheels"]["indexes"] if i["name"] == "sgl-kernel-cu130"]
+    assert sgl == {"name": "sgl-kernel-cu130", "url": mirror, "site_mirror": True}
+    files = ["https://assets.site.example/sgl/"]
+    profile = prof.load_profile(name="cu130", index_urls={"sgl-kernel-cu130": {"url": mirror, "files": files}})
+    (sgl,) = [i for i in profile["wheels"]["indexes"] if i["name"] == "sgl-kernel-cu130"]
+    assert sgl == {"name": "sgl-kernel-cu130", "url": mirror, "site_mirror": True, "files": files}
+
+
+@pytest.mark.parametrize(
+    "mirror, said",
+    [
+        ({"url": "https://m.example/simple", "files": ["file:///srv/wheels/"]}, ".files is ['file:///srv/wheels/']"),
+        ({"url": "https://m.example/simple", "files": "https://m.example/"}, ".files is 'https://m.example/'"),
+        ({"files": ["https://m.example/"]}, "not a URL nor {url, files}"),
+        ({"url": "https://m.example/simple", "file": ["https://m.example/"]}, "not a URL nor {url, files}"),
+    ],
+)
+def test_a_site_mirror_that_is_not_a_url_nor_url_and_files_is_refused_with_the_fix(mirror, said):
+    with pytest.raises(prof.ProfileError) as refused:
+        prof.load_profile(name="cu130", index_urls={"sgl-kernel-cu130": mirror})
+    assert "gpufleet_index_urls.sgl-kernel-cu130" in str(refused.value) and said in str(refused.value)
+    assert "fix: set gpufleet_index_urls.sgl-kernel-cu130 to the mirror's URL, or to {url:" in str(refused.value)
+
+
+def test_an_index_s_files_are_http_url_prefixes(tmp_path):
+    text = (STACKS / "lab.yml").read_text()
+    bad = tmp_path / "bad.yml"
+    index = "url: http://127.0.0.1:38100/simple\n"
+    bad.write_text(text.replace(index, index + "      files: [file:///srv/]\n", 1))
+    with pytest.raises(prof.ProfileError, match=re.escape("wheels.indexes[0].files[0]")):
+        prof.load_profile(path=str(bad))
