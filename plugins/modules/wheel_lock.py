@@ -18,11 +18,14 @@ description:
     (plan it again); that is, a digest of its content that does not match (an edit by hand), an older schema without one, or
     a package whose name or version is not its wheel's file name's.
   - Refuses the file when its profile's name or hash differs from the profile loaded now (role C(stack)); the hash
-    covers the profile's content without its URLs (site mirrors may differ between planning and applying).
-  - Refuses a wheel URL (packages and tools) that is not C(http)/C(https) on the origin of one of the profile's
-    indexes (their URLs after C(gpufleet_index_urls)), where pip's default index serves its files, on
+    covers the profile's content without its URLs and its indexes' C(files) (site mirrors may differ between planning
+    and applying).
+  - Refuses a wheel URL (packages and tools) that is not C(http)/C(https) under where one of the profile's indexes
+    links its files (the index's C(files) in the profile, else its origin, and for pip's default index where pip
+    serves its files; a site mirror of C(gpufleet_index_urls) its own origin or its C(files)), on
     O(fleet_cache_url), or under one of O(allowed_urls); a C(file:) URL, another host or user info in the URL is
-    refused naming the entry and the URL, before anything is fetched.
+    refused naming the entry, the URL, the index it was planned from and the field to set, before anything is
+    fetched. plan.yml refuses the same URLs when it writes the lock file.
   - Refuses it when the wheels it locks are not at hand, naming every missing file, before any host changes. Without
     O(fleet_cache_url) the controller's wheelhouse must hold each wheel with its locked sha256 (hashes recorded for
     unchanged files are reused; a file's size, mtime, ctime and inode key its record, so a file replaced or put back
@@ -60,9 +63,8 @@ options:
     default: 30
   allowed_urls:
     description:
-      - URL prefixes a wheel URL of the lock file may also start with, besides the origins of the profile's indexes
-        and of O(fleet_cache_url), for an index whose listings link its files on another host. Defaults to
-        C(gpufleet_lock_allowed_urls), else none.
+      - URL prefixes a wheel URL of the lock file may also start with, besides where the profile's indexes link
+        their files and O(fleet_cache_url). Defaults to C(gpufleet_lock_allowed_urls) (role C(stack)), else none.
     type: list
     elements: str
 attributes:
