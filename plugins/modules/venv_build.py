@@ -168,12 +168,13 @@ failed_step:
   type: str
   returned: failure
 error:
-  description: What the failed step saw (a truncated download names the bytes received against the expected size; a
-    tool that failed, its error lines; a full disk, C(no space left on <mount> on <host>: need N GiB, free M GiB)).
+  description: >-
+    What the failed step saw (a truncated download names the bytes received against the expected size; a tool that
+    failed, its error lines; a full disk, C(no space left on <mount> on <host>: need N GiB, free M GiB)).
   type: str
   returned: failure
 fix:
-  description: What to do about it, ending the failure's RV(msg).
+  description: What to do about it, the end of the failure's message.
   type: str
   returned: failure
 removed:
