@@ -3,13 +3,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Whether a plan made now would move a host off the lock it runs only because an index changed. Controller side.
 
-An upgrade without a lock file plans the wheels again. For a host that runs, in sync, the lock its last upgrade
-recorded (state file record and ``<serving_root>/locks/<venv_name>.txt``, read by ``venv_host.py locate``), a plan
-of the same profile that differs from that lock means the indexes changed since: a newer or older build, a wheel
-republished under the same file name with other bytes, a dependency added or removed. Such a host is refused before
-anything changes, with the changes and the fix (review the move as a lock file, or accept the new plan); a host
-that records no lock of this profile, runs another venv, or whose profile changed since its lock is upgraded as
-before. The comparison is ``_lock_file.diff`` over the two locks, each change classified here.
+An upgrade without a lock file plans the wheels again. For a host that runs the lock its last upgrade recorded
+(state file record and ``<serving_root>/locks/<venv_name>.txt``, read by ``venv_host.py locate``; ``current`` is that
+lock's verified venv), a plan of the same profile whose wheels differ from that lock moves it because the indexes
+changed since: a newer or older build, a wheel republished under the same file name with other bytes, a dependency
+added or removed. Such a host is refused before anything changes, with the changes and the fix (plan and apply a
+lock file, or accept the new plan); a host that records no lock of this profile or runs another venv is upgraded as
+before. An edit of the profile under the same name does not let a move through unseen: the refusal names it (from
+this controller's copy of the old lock) and the operator takes the plan. The comparison is ``_lock_file.diff`` over
+the two locks, each change classified here.
 """
 
 from __future__ import annotations
@@ -36,15 +38,7 @@ NEWER, OLDER, REPUBLISHED, OTHER_FILE, ADDED, REMOVED = (
     "removed",
 )
 # What the judgement found; only MOVED refuses (unless the operator accepts the new plan).
-SAME, NO_LOCK, NOT_RUNNING, PROFILE_CHANGED, PLATFORM_CHANGED, SAME_WHEELS, MOVED = (
-    "same",
-    "no lock",
-    "not running its lock",
-    "profile changed",
-    "platform changed",
-    "same wheels",
-    "moved",
-)
+SAME, NO_LOCK, NOT_RUNNING, SAME_WHEELS, MOVED = ("same", "no lock", "not running its lock", "same wheels", "moved")
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(\S+)\s+--hash=sha256:([0-9a-fA-F]{64})\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 FIX = (
@@ -164,13 +158,13 @@ def judge(located, plan, profile, host="host", controller_dir=None, accept=False
     """Whether the plan ``plan`` (the planner's lock) moves a host off the lock it runs only because an index
     changed. ``located``: ``venv_host.py locate``'s answer with ``recorded``; ``profile``: the loaded profile.
 
-    Returns ``{status, changes, lines, refuse, message}``: ``refuse`` only when the host runs its recorded lock of
-    this profile in sync, the plan differs in its wheels, neither the profile nor the plan's platform is known to
-    have changed since that lock was planned (this controller's copy of it says), and ``accept`` is false."""
+    Returns ``{status, changes, lines, notes, refuse, message}``: ``refuse`` when the host runs its recorded lock of
+    this profile, the plan differs in its wheels and ``accept`` is false. ``notes`` say what else changed since that
+    lock was planned, read from this controller's copy of it: the profile's content, the plan's platform."""
     located = located or {}
     record = located.get("recorded") or {}
     name = profile.get("name") if isinstance(profile, dict) else str(profile)
-    result = {"status": SAME, "changes": [], "lines": [], "refuse": False, "message": ""}
+    result = {"status": SAME, "changes": [], "lines": [], "notes": [], "refuse": False, "message": ""}
     lock = lf.recorded_lock(record, name)
     if lock.get("no_lock"):
         return dict(result, status=NO_LOCK)
@@ -180,10 +174,6 @@ def judge(located, plan, profile, host="host", controller_dir=None, accept=False
         return dict(result, status=NOT_RUNNING)
     doc = planned_file(controller_dir, lock["venv_name"])
     entry = _entry_of(doc, lock["venv_name"], lock["hash"])
-    if entry is not None and isinstance(profile, dict) and doc["profile"].get("hash") != lf.profile_hash(profile):
-        return dict(result, status=PROFILE_CHANGED)
-    if entry is not None and entry.get("platform") != plan.get("platform"):
-        return dict(result, status=PLATFORM_CHANGED)
     files = {canonical_name(p["name"]): p.get("filename") for p in (entry or {}).get("packages") or []}
     hashes = recorded_hashes(record.get("lock_text"))
     old = [
@@ -199,16 +189,26 @@ def judge(located, plan, profile, host="host", controller_dir=None, accept=False
     if not changes:
         return dict(result, status=SAME_WHEELS)
     lines = [change_line(c) for c in changes]
-    kept = os.path.join(str(controller_dir), "locks", lock["venv_name"] + ".lock.yml")
-    unknown = (
-        ""
-        if entry is not None
-        else f" ({kept} is not on this controller, so a change of the profile since cannot be told from one of the"
-        " indexes)"
-    )
+    notes = _notes(doc, entry, plan, profile)
     # The summary cuts a reason at 700 characters: the changes and the fix come first, one republished wheel fits.
     message = (
-        f"{host}: the indexes changed since this host's lock {lock['venv_name']}, which it runs in sync; the plan made"
-        f" now, {plan.get('venv_name')}: {'; '.join(lines)}. {FIX}. Nothing was changed{unknown}"
+        f"{host}: the indexes changed since this host's lock {lock['venv_name']}, which it runs; the plan made now,"
+        f" {plan.get('venv_name')}: {'; '.join(lines)}. {FIX}. Nothing was changed"
+        + (f" ({'; '.join(notes)})" if notes else "")
     )
-    return dict(result, status=MOVED, changes=changes, lines=lines, refuse=not accept, message=message)
+    return dict(result, status=MOVED, changes=changes, lines=lines, notes=notes, refuse=not accept, message=message)
+
+
+def _notes(doc, entry, plan, profile) -> list:
+    """What else changed since the host's lock was planned, as this controller's copy of it says: the profile's
+    content (an edit under the same name: if it is what moves the wheels, the operator takes the plan) and the
+    plan's platform (the batch's lowest glibc)."""
+    if entry is None:
+        return []
+    notes = []
+    was, now = doc["profile"].get("hash") or "", lf.profile_hash(profile) if isinstance(profile, dict) else ""
+    if was != now:
+        notes.append(f"the profile changed too since that lock was planned, hash {was[:12]} -> {now[:12]}")
+    if entry.get("platform") != plan.get("platform"):
+        notes.append(f"that lock was planned for {entry.get('platform')}, this plan for {plan.get('platform')}")
+    return notes

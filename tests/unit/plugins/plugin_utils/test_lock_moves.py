@@ -105,8 +105,8 @@ def test_a_wheel_republished_under_its_file_name_is_refused_with_both_hashes_and
     ]
     message = judged["message"]
     assert message.startswith(
-        f"node-1: the indexes changed since this host's lock {VENV}, which it runs in sync; the plan made now,"
-        f" lab-{NEW[:12]}: lab-sgl-kernel 0.3.21+cu130 republished"
+        f"node-1: the indexes changed since this host's lock {VENV}, which it runs; the plan made now, lab-{NEW[:12]}:"
+        " lab-sgl-kernel 0.3.21+cu130 republished"
     )
     assert "1" * 64 in message and "9" * 64 in message
     assert "(playbooks/plan.yml, then playbooks/upgrade.yml, with -e gpufleet_lock_file=<file>)" in message
@@ -120,10 +120,7 @@ def test_without_the_controller_copy_the_same_version_with_other_bytes_is_still_
     judged = lm.judge(located(), plan(republished()), PROFILE, "node-1", "/nonexistent")
     assert judged["refuse"] and judged["changes"][0]["kind"] == lm.REPUBLISHED
     assert "the same version with other bytes" in judged["lines"][0]
-    assert judged["message"].endswith(
-        "Nothing was changed (/nonexistent/locks/lab-aaaaaaaaaaaa.lock.yml is not on this controller, so a change of"
-        " the profile since cannot be told from one of the indexes)"
-    )
+    assert judged["message"].endswith("Nothing was changed") and judged["notes"] == []
 
 
 @pytest.mark.parametrize(
@@ -162,7 +159,7 @@ def test_the_operator_may_take_the_new_plan():
 
 def test_the_plan_of_the_lock_the_host_runs_is_no_move():
     judged = lm.judge(located(), plan(OLD_PACKAGES, digest=OLD), PROFILE)
-    assert judged == {"status": lm.SAME, "changes": [], "lines": [], "refuse": False, "message": ""}
+    assert judged == {"status": lm.SAME, "changes": [], "lines": [], "notes": [], "refuse": False, "message": ""}
 
 
 @pytest.mark.parametrize(
@@ -187,19 +184,24 @@ def test_a_repair_of_the_lock_runs_that_lock():
     assert lm.judge(host, plan(republished()), PROFILE)["refuse"]
 
 
-def test_a_profile_changed_since_the_lock_was_planned_is_a_real_upgrade(tmp_path):
+def test_a_profile_edited_under_the_same_name_is_named_and_still_refused(tmp_path):
+    """The lock's wheels move either way: the operator says whether the profile's edit is what moved them."""
     before = copy.deepcopy(PROFILE)
     before["wheels"]["packages"][0]["spec"] = "==0.3.21+cu130"
     controller = write_controller_copy(tmp_path, profile=before)
     new = [pkg("lab-sgl-kernel", "0.3.22+cu130", "3" * 64), OLD_PACKAGES[1]]
     judged = lm.judge(located(), plan(new), PROFILE, "node-1", controller)
-    assert judged["status"] == lm.PROFILE_CHANGED and not judged["refuse"]
+    assert judged["status"] == lm.MOVED and judged["refuse"]
+    was, now = lf.profile_hash(before)[:12], lf.profile_hash(PROFILE)[:12]
+    assert judged["notes"] == [f"the profile changed too since that lock was planned, hash {was} -> {now}"]
+    assert judged["message"].endswith(f"Nothing was changed ({judged['notes'][0]})")
 
 
-def test_a_plan_for_another_platform_is_not_an_index_change(tmp_path):
+def test_a_plan_for_another_platform_is_named(tmp_path):
     controller = write_controller_copy(tmp_path, platform="x86_64-manylinux_2_39")
     judged = lm.judge(located(), plan(republished()), PROFILE, "node-1", controller)
-    assert judged["status"] == lm.PLATFORM_CHANGED and not judged["refuse"]
+    assert judged["refuse"]
+    assert judged["notes"] == [f"that lock was planned for x86_64-manylinux_2_39, this plan for {PLATFORM}"]
 
 
 def test_the_same_version_from_another_file_is_named_with_both_files(tmp_path):
