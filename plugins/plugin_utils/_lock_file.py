@@ -419,7 +419,7 @@ def index_files(index: dict) -> list:
         return [str(prefix) for prefix in index["files"] if _origin(prefix)]
     origin = _origin(index.get("url"))
     default = _default_index_files(index.get("url"))
-    return [_prefix(origin)] * bool(origin) + [default] * bool(default)
+    return [prefix for prefix in (origin and _prefix(origin), default) if prefix]
 
 
 def allowed_urls(profile: dict, fleet_cache_url: str | None = None, extra=()) -> dict:

@@ -649,3 +649,11 @@ def test_a_site_mirror_serves_its_files_itself_unless_the_site_says_where():
         lf.check_urls(lf.make_document(told, [planned], "t"), "f", lf.allowed_urls(mirrored), mirrored)
     # Where the files are is the site's, not the profile's content: the lock's profile hash stays.
     assert lf.profile_hash(told) == lf.profile_hash(mirrored) == lf.profile_hash(load_profile(name="cu130"))
+
+
+def test_an_index_on_a_local_folder_lets_no_wheel_url_through():
+    local = copy.deepcopy(PROFILE)
+    local["wheels"]["indexes"] = [{"name": "lab-main", "url": "file:///srv/simple"}]
+    assert lf.index_files(local["wheels"]["indexes"][0]) == []
+    with pytest.raises(lf.LockFileError, match=re.escape("allowed: http(s) under nothing")):
+        lf.make_document(local, [lock()], "t")
