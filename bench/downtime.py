@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "lab" / "wheels" / "lab-sglang" / "src"))
+sys.path.insert(0, str(REPO / ".venv" / "collections"))
 
 from lab_sglang.jit import kernels_for  # noqa: E402
 
