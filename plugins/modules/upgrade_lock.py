@@ -76,7 +76,7 @@ previous:
   returned: always
   type: dict
 verdict:
-  description: free, ours, takeover or held (for O(state=present)).
+  description: free, ours, takeover, held (for O(state=present)), or denied when the user cannot write the lock.
   returned: when state is present
   type: str
 msg:
@@ -90,6 +90,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils import _state as st
+from ansible_collections.gpufleet.upgrade.plugins.module_utils._privilege import current_user
 
 
 def read_lock(module):
@@ -101,6 +102,15 @@ def read_lock(module):
             msg=f"lock {module.params['path']} is unreadable: {exc}; fix: make sure no upgrade runs on this host, "
             "then remove the file"
         )
+
+
+def denied_message(path, exc):
+    user, uid = current_user()
+    return (
+        f"the upgrade lock {path} cannot be written by user {user} (uid {uid}): {exc.strerror or exc}; no other run "
+        f"holds it. Fix: set ansible_become: true for this host, or give {user} write access to "
+        f"{os.path.dirname(path)}. Nothing was changed."
+    )
 
 
 def acquire(module, previous):
@@ -135,16 +145,20 @@ def acquire(module, previous):
         else:
             result.update(changed=False, msg=f"check mode: {message}; the lock would be taken for the run")
         return result
-    if verdict == "free":
-        if not st.create_exclusive(p["path"], lock):
-            module.fail_json(
-                msg="another run took the lock at the same moment; fix: wait for it to finish", verdict="held"
-            )
-    else:
-        # Replace only the lock that was judged; a third run that slipped in meanwhile keeps its lock.
-        if st.read_json(p["path"]) != previous:
-            module.fail_json(msg="the lock changed while it was taken over; fix: re-run", verdict="held")
-        st.write_json_atomic(p["path"], lock)
+    try:
+        if verdict == "free":
+            if not st.create_exclusive(p["path"], lock):
+                module.fail_json(
+                    msg="another run took the lock at the same moment; fix: wait for it to finish", verdict="held"
+                )
+        else:
+            # Replace only the lock that was judged; a third run that slipped in meanwhile keeps its lock.
+            if st.read_json(p["path"]) != previous:
+                module.fail_json(msg="the lock changed while it was taken over; fix: re-run", verdict="held")
+            st.write_json_atomic(p["path"], lock)
+    except PermissionError as exc:
+        # No other run holds it: the user cannot write here. gpufleet_lock_break would not help.
+        module.fail_json(msg=denied_message(p["path"], exc), verdict="denied")
     if verdict == "takeover":
         module.warn(message)
     return result
