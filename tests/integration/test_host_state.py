@@ -144,7 +144,7 @@ def test_rollback_after_a_repair_lands_on_the_consistent_old_stack(fleet, run_pl
     assert drifted["state"]["consistent"] is False
     assert any("built for CUDA 13.0, CUDA_HOME /usr/local/cuda-12.8" in p for p in drifted["state"]["problems"])
 
-    back = run_playbook("playbooks/rollback.yml", fleet.inventory)
+    back = run_playbook("playbooks/rollback.yml", fleet.inventory, extravars={"gpufleet_rollback_all": True})
     assert back.rc == 0, back
     # What the restored server runs is read from its main process (/proc), as on any server.
     running = {
