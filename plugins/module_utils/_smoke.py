@@ -209,12 +209,122 @@ def judge_peer_access(raw: dict, gpu_count: int) -> dict:
     return outcome("passed", f"peer access between all {gpu_count} GPUs", raw=raw)
 
 
-def judge_allreduce(rank_results: list, world_size: int, backend: str) -> dict:
-    """All ranks must report the sum 1 + 2 + ... + world_size in every element."""
+KIB, MIB = 2**10, 2**20
+# The all-reduce sweep: 1 KiB to 64 MiB by fourfold steps, with 512 KiB, where RTX PRO 6000 with NCCL 2.26.2 starts
+# to fail (illegal memory access on collectives of 512 KiB and more: nccl #2418, fixed in 2.31.2).
+ALLREDUCE_SIZES = (KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 512 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB)
+# Below 1 MiB an all-reduce's time is latency, which moves between runs more than a regression would: shown, not
+# held to the host's figure from before.
+BUSBW_COMPARED_FROM = MIB
+
+
+def size_words(nbytes: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= size and nbytes % size == 0:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s as nccl-tests define them for all-reduce: algbw = bytes / time, busbw = algbw * 2(n-1)/n
+    (what each rank's link carries, comparable across GPU counts)."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * (2 * (world_size - 1) / world_size)
+
+
+def sweep_figures(rank_results: list, world_size: int) -> list[dict]:
+    """Per size, the slowest rank's time (a collective ends when its last rank does) and its bandwidths."""
+    per_size: dict = {}
+    for res in rank_results:
+        for row in res.get("sweep") or ():
+            if "seconds_per_op" in row:
+                per_size[row["bytes"]] = max(per_size.get(row["bytes"], 0.0), row["seconds_per_op"])
+    out = []
+    for nbytes, seconds in sorted(per_size.items()):
+        algbw, busbw = bus_bandwidth(nbytes, seconds, world_size)
+        out.append(
+            {"bytes": nbytes, "size": size_words(nbytes), "seconds_per_op": seconds, "algbw_gbps": algbw,
+             "busbw_gbps": busbw}
+        )  # fmt: skip
+    return out
+
+
+def sweep_failure(rank_results: list) -> dict | None:
+    """The smallest size at which a rank's all-reduce raised or summed wrong: ``{bytes, rank, error}``."""
+    broken = []
+    for res in rank_results:
+        for row in res.get("sweep") or ():
+            if "error" in row:
+                broken.append({"bytes": row["bytes"], "rank": res.get("rank"), "error": row["error"]})
+            elif row.get("max_abs_err", 0.0) != 0.0:
+                err = f"wrong sum, max abs error {row['max_abs_err']}"
+                broken.append({"bytes": row["bytes"], "rank": res.get("rank"), "error": err})
+    return min(broken, key=lambda b: (b["bytes"], b["rank"] if b["rank"] is not None else -1), default=None)
+
+
+def sweep_failure_message(broken: dict, passed: list[dict]) -> str:
+    ok = f" after {passed[0]['size']} to {passed[-1]['size']} passed" if passed else ""
+    return (
+        f"broke at {size_words(broken['bytes'])} (rank {broken['rank']},"
+        f" GPU {broken['rank']}: {broken['error'][-400:]}){ok}; a size that breaks where smaller ones pass is the"
+        " communication library's fault (NCCL 2.26.2 on RTX PRO 6000 fails from 512 KiB, nccl #2418, fixed in 2.31.2):"
+        " install the NCCL the profile pins, or set NCCL_P2P_DISABLE=1 where P2P over PCIe hangs"
+    )
+
+
+def baseline_busbw(baseline) -> dict[int, float]:
+    """The host's figures from before, as bytes -> busbw: a sweep list (this module's result) or a mapping."""
+    if isinstance(baseline, dict):
+        baseline = baseline.get("sweep", baseline)
+    if isinstance(baseline, dict):
+        return {int(k): float(v) for k, v in baseline.items()}
+    return {int(r["bytes"]): float(r["busbw_gbps"]) for r in baseline or () if "busbw_gbps" in r}
+
+
+def judge_busbw(figures: list[dict], baseline, min_ratio: float | None, world_size: int) -> tuple[list, list]:
+    """``(problems, compared)``: every size from BUSBW_COMPARED_FROM whose bus bandwidth fell below ``min_ratio``
+    times this host's own figure from before. Nothing to compare (one GPU, no figure before, no ratio): empty."""
+    before = baseline_busbw(baseline)
+    if not (min_ratio and before and world_size > 1):
+        return [], []
+    compared = []
+    for row in figures:
+        old = before.get(row["bytes"])
+        if row["bytes"] >= BUSBW_COMPARED_FROM and old:
+            ratio = row["busbw_gbps"] / old
+            compared.append({"bytes": row["bytes"], "size": row["size"], "busbw_gbps": row["busbw_gbps"],
+                             "before_gbps": old, "ratio": ratio})  # fmt: skip
+    low = [c for c in compared if c["ratio"] < min_ratio]
+    if not low:
+        return [], compared
+    sizes = ", ".join(
+        f"{c['size']} {c['busbw_gbps']:.1f} GB/s ({c['ratio']:.2f}x of {c['before_gbps']:.1f})" for c in low
+    )
+    return [
+        f"all-reduce bus bandwidth below {min_ratio:g}x of this host's own figures from before the upgrade (profile"
+        f" postcheck.smoke.allreduce_min_busbw_ratio) at {sizes}; fix: compare the venvs' NCCL versions and NCCL_*"
+        " settings and read the GPUs' PCIe links (nvml_info) before putting the host back"
+    ], compared
+
+
+def judge_allreduce(
+    rank_results: list, world_size: int, backend: str, baseline=None, min_busbw_ratio: float | None = None
+) -> dict:
+    """All ranks must report the sum 1 + 2 + ... + world_size in every element, at every size of the sweep; the
+    sweep's bus bandwidth from 1 MiB on must stay above ``min_busbw_ratio`` times the host's ``baseline``."""
     expected = world_size * (world_size + 1) / 2
     by_rank = {r.get("rank"): r for r in rank_results}
     problems = []
-    for rank in range(world_size):
+    sweep = sweep_figures(rank_results, world_size) if world_size > 1 else []
+    broken = sweep_failure(rank_results)
+    if broken:
+        passed = [row for row in sweep if row["bytes"] < broken["bytes"]]
+        problems.append(sweep_failure_message(broken, passed))
+        rank_results = [r for r in rank_results if not any("error" in row for row in r.get("sweep") or ())]
+        by_rank = {r.get("rank"): r for r in rank_results}
+    slow, compared = judge_busbw(sweep, baseline, min_busbw_ratio, world_size)
+    problems += slow
+    for rank in range(world_size) if not broken else ():
         res = by_rank.get(rank)
         if res is None:
             problems.append(f"rank {rank} (GPU {rank}) reported nothing")
@@ -232,10 +342,18 @@ def judge_allreduce(rank_results: list, world_size: int, backend: str) -> dict:
         r0 = by_rank[0]
         figures = {k: r0[k] for k in ("size_mb", "seconds_per_op", "algbw_gbps", "busbw_gbps") if k in r0}
     data = dict(world_size=world_size, backend=backend, expected=expected, ranks=rank_results, **figures)
+    data.update(sweep=sweep, busbw_compared=compared)
     if problems:
         return outcome("failed", f"{backend} all-reduce over {world_size} rank(s): " + "; ".join(problems), **data)
     note = " (one GPU: the single-rank path only, no bandwidth to measure)" if world_size == 1 else ""
     bw = f", bus bandwidth {figures['busbw_gbps']:.1f} GB/s" if "busbw_gbps" in figures else ""
+    if sweep:
+        top = sweep[-1]
+        bw += (
+            f"; {sweep[0]['size']} to {top['size']} swept, bus bandwidth {top['busbw_gbps']:.1f} GB/s at {top['size']}"
+        )
+    if compared:
+        bw += f", {min(c['ratio'] for c in compared):.2f}x of before at worst"
     return outcome("passed", f"{backend} all-reduce over {world_size} rank(s) gave {expected:g}{bw}{note}", **data)
 
 

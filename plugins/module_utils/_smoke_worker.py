@@ -777,7 +777,35 @@ def check_build(target, variants, prefill_backends, workdir, run_index, **_):
 # ------------------------------------------------------------------------------------------- all-reduce
 
 
-def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters):
+def sweep_sizes(dist, torch, device, world_size, rank, sizes, iters):
+    """All-reduce at each size (bytes, ascending): the sum checked, then timed. A size that raises ends the sweep (a
+    crashed communicator or CUDA context serves no further size) and is recorded with its error, so the report names
+    the first size that broke (RTX PRO 6000 with NCCL 2.26.2: 512 KiB, nccl #2418)."""
+    out = []
+    expected = world_size * (world_size + 1) / 2
+    for nbytes in sizes:
+        numel = max(1, nbytes // 4)
+        try:
+            x = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
+            dist.all_reduce(x)
+            _sync(device)
+            err = float((x - expected).abs().max().item())
+            dist.all_reduce(x)  # warm-up of the timed path
+            _sync(device)
+            t0 = time.perf_counter()
+            for _iteration in range(iters):
+                dist.all_reduce(x)
+            _sync(device)
+            per_op = (time.perf_counter() - t0) / iters
+        except Exception as exc:
+            out.append({"bytes": numel * 4, **failure(exc)})
+            break
+        out.append({"bytes": numel * 4, "max_abs_err": err, "seconds_per_op": per_op})
+        del x
+    return out
+
+
+def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters, sizes=()):
     torch = need("torch")
     import torch.distributed as dist
 
@@ -788,6 +816,11 @@ def allreduce(rank, world_size, init_file, backend, size_mb, device_kind, iters)
     probe = MemoryProbe(rank) if device_kind == "cuda" else None
     try:
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        if sizes:
+            result["sweep"] = sweep_sizes(dist, torch, device, world_size, rank, sizes, iters)
+            broken = [s for s in result["sweep"] if "error" in s]
+            if broken:
+                raise RuntimeError(f"all-reduce of {broken[0]['bytes']} bytes: {broken[0]['error']}")
         numel = size_mb * 2**20 // 4
         x = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
         dist.all_reduce(x)
@@ -838,6 +871,8 @@ def parse(argv):
     parser.add_argument("--backend", default="nccl")
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--iters", type=int, default=10)
+    # all-reduce sizes in bytes, comma-separated, swept before the --size-mb check
+    parser.add_argument("--sizes", default="")
     parser.add_argument("--target", default="")
     parser.add_argument("--variants", default="")
     parser.add_argument("--prefill-backends", default="fa2")
@@ -849,7 +884,9 @@ def parse(argv):
 def main(argv=None):
     args = parse(argv if argv is not None else sys.argv[1:])
     if args.mode == "allreduce":
-        allreduce(args.rank, args.world_size, args.init_file, args.backend, args.size_mb, args.device, args.iters)
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        a = args
+        allreduce(a.rank, a.world_size, a.init_file, a.backend, a.size_mb, a.device, a.iters, sizes)
         return 0
     if args.mode == "build":
         # one check per target SM, named by the module (build_sm_120)

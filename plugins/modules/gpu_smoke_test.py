@@ -179,6 +179,34 @@ options:
     description: Size of the all-reduced buffer per GPU in MiB.
     type: int
     default: 256
+  allreduce_sizes:
+    description:
+      - Sizes in bytes the all-reduce sweeps first, ascending, each summed and timed (nccl-tests' bus bandwidth,
+        algbw * 2(n-1)/n, per size in RV(allreduce.sweep)). The default, 1 KiB to 64 MiB by fourfold steps with 512
+        KiB, holds the sizes at which NCCL 2.26.2 crashes on RTX PRO 6000 (512 KiB and more, nccl #2418); the first
+        size that breaks is named. Empty skips the sweep.
+    type: list
+    elements: int
+  allreduce_baseline:
+    description:
+      - This host's sweep from before the upgrade (RV(allreduce.sweep) of that run, or a mapping bytes -> bus
+        bandwidth in GB/s); with O(allreduce_min_busbw_ratio), each size from 1 MiB on must reach that ratio of it.
+    type: raw
+  allreduce_min_busbw_ratio:
+    description: Least bus bandwidth, as a share of O(allreduce_baseline), per size (profile
+      C(postcheck.smoke.allreduce_min_busbw_ratio)); unset, the sweep is reported, not compared.
+    type: float
+  dcgm_level:
+    description:
+      - Run C(dcgmi diag -r <level> -j) after the kernels where C(dcgmi) is installed (0 = not run; the canary batch
+        deeper, see C(_dcgm.level_for)); a failed test fails the smoke test naming the GPU and test, a warning is a
+        note, a run that reports nothing fails. Without C(dcgmi) it is reported skipped.
+    type: int
+    default: 0
+  dcgm_timeout_s:
+    description: Time limit of the DCGM diagnostic in seconds (level 2 takes about 2 min, level 3 about 15 min).
+    type: int
+    default: 1200
   env:
     description:
       - Variables set over the serving environment (see the description), for example a fault injection in a test.
@@ -320,8 +348,15 @@ gpus:
   type: list
   elements: dict
 allreduce:
-  description: The all-reduce across all GPUs (world size, expected sum, per-rank results, bus bandwidth).
+  description: The all-reduce across all GPUs (world size, expected sum, per-rank results, bus bandwidth), with
+    C(sweep) (per size C(bytes), C(size), C(seconds_per_op) of the slowest rank, C(algbw_gbps), C(busbw_gbps)) and
+    C(busbw_compared) (per size from 1 MiB, the figure before and the ratio).
   returned: when run
+  type: dict
+dcgm:
+  description: The DCGM diagnostic - C(level), C(status) (C(passed), C(failed), C(skipped)), C(reasons), C(notes),
+    C(counts) per status, C(version), C(rc).
+  returned: when O(dcgm_level) > 0
   type: dict
 wall_s:
   description: Wall time of the whole smoke test in seconds.
@@ -367,7 +402,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.upgrade.plugins.module_utils import _nvml, _server, _smoke, _smoke_worker
+from ansible_collections.gpufleet.upgrade.plugins.module_utils import _dcgm, _nvml, _server, _smoke, _smoke_worker
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "default": "/opt/gpufleet/serving/current"},
@@ -404,6 +439,11 @@ ARGUMENT_SPEC = {
     },
     "matmul_size": {"type": "int", "default": 8192},
     "allreduce_size_mb": {"type": "int", "default": 256},
+    "allreduce_sizes": {"type": "list", "elements": "int", "default": list(_smoke.ALLREDUCE_SIZES)},
+    "allreduce_baseline": {"type": "raw"},
+    "allreduce_min_busbw_ratio": {"type": "float"},
+    "dcgm_level": {"type": "int", "default": 0},
+    "dcgm_timeout_s": {"type": "int", "default": 1200},
     "env": {"type": "dict", "default": {}},
     "env_file": {"type": "path"},
     **_server.SERVER_SPEC,
@@ -504,8 +544,23 @@ class SmokeTest:
     def run_allreduce(self, world_size):
         backend = "gloo" if self.p["device"] == "cpu" else "nccl"
         argv = self.worker_argv("allreduce", "--size-mb", str(self.p["allreduce_size_mb"]))
+        argv += ["--sizes", ",".join(str(s) for s in sorted(self.p["allreduce_sizes"] or ()))]
         ranks = _smoke.run_allreduce(argv, self.env, world_size, self.p["timeout_s"], backend)
-        return _smoke.judge_allreduce(ranks, world_size, backend)
+        baseline, ratio = self.p["allreduce_baseline"], self.p["allreduce_min_busbw_ratio"]
+        return _smoke.judge_allreduce(ranks, world_size, backend, baseline, ratio)
+
+
+def run_dcgm(module, level, host):
+    """dcgmi diag at ``level`` where DCGM is installed; its JSON judged by _dcgm."""
+    dcgmi = module.get_bin_path("dcgmi")
+    if not dcgmi:
+        return {"level": level, "status": "skipped", "reasons": [], "notes": [f"{host}: dcgmi is not installed"]}
+    argv = [dcgmi, *_dcgm.command(level)[1:]]
+    limit = module.get_bin_path("timeout")  # coreutils: run_command has no time limit of its own
+    argv = [limit, str(module.params["dcgm_timeout_s"]), *argv] if limit else argv
+    rc, out, err = module.run_command(argv)
+    verdict = _dcgm.judge(_dcgm.parse(out or err), host, level)
+    return dict(verdict, level=level, rc=rc, status="passed" if verdict["passed"] else "failed")
 
 
 def host_outcomes(test, host_raw, devices):
@@ -612,6 +667,9 @@ def run(module, nvml_loader=_nvml.load_pynvml):
     if _smoke.BUILD_CHECK in test.wanted:
         host_checks[_smoke.BUILD_CHECK] = build_outcome(module, test, devices, torch_env)
     summary = _smoke.summarize(host_checks, gpus, allreduce)
+    dcgm = run_dcgm(module, p["dcgm_level"], host) if p["dcgm_level"] > 0 else None
+    if dcgm and dcgm["reasons"]:
+        summary = {"passed": False, "failures": summary["failures"] + dcgm["reasons"]}
     result = dict(
         changed=False,
         status="passed" if summary["passed"] else "failed",
@@ -630,6 +688,8 @@ def run(module, nvml_loader=_nvml.load_pynvml):
         result["server"] = _server.server_fact(server)
     if allreduce is not None:
         result["allreduce"] = allreduce
+    if dcgm is not None:
+        result["dcgm"] = dcgm
     return result
 
 
