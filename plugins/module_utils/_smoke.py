@@ -281,6 +281,29 @@ def baseline_busbw(baseline) -> dict[int, float]:
     return {int(r["bytes"]): float(r["busbw_gbps"]) for r in baseline or () if "busbw_gbps" in r}
 
 
+def read_baseline(value) -> tuple:
+    """``(baseline, note)``: a path is read as the JSON write_sweep wrote; a missing or unreadable file is no baseline,
+    with the reason."""
+    if not isinstance(value, str):
+        return value, None
+    try:
+        with open(value, encoding="utf-8") as fh:
+            return json.load(fh), None
+    except (OSError, ValueError) as exc:
+        return None, f"no all-reduce figures from before the upgrade ({value}: {getattr(exc, 'strerror', None) or exc})"
+
+
+def write_sweep(path: str, allreduce: dict, now=time.time) -> None:
+    """Keep a passing sweep where the next run's post-check reads it (staging name, then rename)."""
+    doc = {"world_size": allreduce["world_size"], "backend": allreduce["backend"], "recorded_at": now(),
+           "sweep": allreduce.get("sweep") or []}  # fmt: skip
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    staging = f"{path}.partial-{os.getpid()}"
+    with open(staging, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+    os.replace(staging, path)
+
+
 def judge_busbw(figures: list[dict], baseline, min_ratio: float | None, world_size: int) -> tuple[list, list]:
     """``(problems, compared)``: every size from BUSBW_COMPARED_FROM whose bus bandwidth fell below ``min_ratio``
     times this host's own figure from before. Nothing to compare (one GPU, no figure before, no ratio): empty."""

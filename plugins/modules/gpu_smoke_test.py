@@ -190,8 +190,14 @@ options:
   allreduce_baseline:
     description:
       - This host's sweep from before the upgrade (RV(allreduce.sweep) of that run, or a mapping bytes -> bus
-        bandwidth in GB/s); with O(allreduce_min_busbw_ratio), each size from 1 MiB on must reach that ratio of it.
+        bandwidth in GB/s), or the path of a JSON file on the host that holds one (as O(allreduce_record_path) wrote
+        it; a missing file compares nothing, and says so in RV(allreduce.baseline_note)); with
+        O(allreduce_min_busbw_ratio), each size from 1 MiB on must reach that ratio of it.
     type: raw
+  allreduce_record_path:
+    description: Write this run's sweep (RV(allreduce.sweep), world size, time) as JSON at this path on the host, for a
+      later run's O(allreduce_baseline) (role postcheck's entry point baseline, before the upgrade); not in check mode.
+    type: path
   allreduce_min_busbw_ratio:
     description: Least bus bandwidth, as a share of O(allreduce_baseline), per size (profile
       C(postcheck.smoke.allreduce_min_busbw_ratio)); unset, the sweep is reported, not compared.
@@ -441,6 +447,7 @@ ARGUMENT_SPEC = {
     "allreduce_size_mb": {"type": "int", "default": 256},
     "allreduce_sizes": {"type": "list", "elements": "int", "default": list(_smoke.ALLREDUCE_SIZES)},
     "allreduce_baseline": {"type": "raw"},
+    "allreduce_record_path": {"type": "path"},
     "allreduce_min_busbw_ratio": {"type": "float"},
     "dcgm_level": {"type": "int", "default": 0},
     "dcgm_timeout_s": {"type": "int", "default": 1200},
@@ -546,8 +553,9 @@ class SmokeTest:
         argv = self.worker_argv("allreduce", "--size-mb", str(self.p["allreduce_size_mb"]))
         argv += ["--sizes", ",".join(str(s) for s in sorted(self.p["allreduce_sizes"] or ()))]
         ranks = _smoke.run_allreduce(argv, self.env, world_size, self.p["timeout_s"], backend)
-        baseline, ratio = self.p["allreduce_baseline"], self.p["allreduce_min_busbw_ratio"]
-        return _smoke.judge_allreduce(ranks, world_size, backend, baseline, ratio)
+        baseline, note = _smoke.read_baseline(self.p["allreduce_baseline"])
+        out = _smoke.judge_allreduce(ranks, world_size, backend, baseline, self.p["allreduce_min_busbw_ratio"])
+        return dict(out, baseline_note=note) if note else out
 
 
 def run_dcgm(module, level, host):
@@ -688,6 +696,8 @@ def run(module, nvml_loader=_nvml.load_pynvml):
         result["server"] = _server.server_fact(server)
     if allreduce is not None:
         result["allreduce"] = allreduce
+        if p["allreduce_record_path"] and not module.check_mode and allreduce["status"] == "passed":
+            _smoke.write_sweep(p["allreduce_record_path"], allreduce)
     if dcgm is not None:
         result["dcgm"] = dcgm
     return result

@@ -114,3 +114,15 @@ def test_worker_sweeps_every_size_with_gloo_on_the_cpu(tmp_path):
     assert out["status"] == "passed", out["message"]
     assert [r["bytes"] for r in out["sweep"]] == list(_smoke.ALLREDUCE_SIZES)
     assert all(r["busbw_gbps"] > 0 for r in out["sweep"])
+
+
+def test_a_sweep_written_before_is_the_baseline_read_after(tmp_path):
+    before = _smoke.judge_allreduce([rank(r, sweep(linear(20))) for r in range(8)], 8, "nccl")
+    path = tmp_path / "state" / "allreduce-baseline.json"
+    _smoke.write_sweep(str(path), before, now=lambda: 1.0)
+    baseline, note = _smoke.read_baseline(str(path))
+    assert note is None and baseline["world_size"] == 8 and len(baseline["sweep"]) == 10
+    out = _smoke.judge_allreduce([rank(r, sweep(linear(12))) for r in range(8)], 8, "nccl", baseline, 0.8)
+    assert out["status"] == "failed" and "0.60x of 34.8" in out["message"]
+    missing, note = _smoke.read_baseline(str(tmp_path / "none.json"))
+    assert missing is None and note.startswith("no all-reduce figures from before the upgrade (")

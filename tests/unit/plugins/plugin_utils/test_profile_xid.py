@@ -34,3 +34,26 @@ def test_role_postcheck_passes_the_list_to_nvml_info():
         if "gpufleet.upgrade.nvml_info" in t
     ]
     assert "postcheck_xid_fail_on" in task["gpufleet.upgrade.nvml_info"]["xid"]
+
+
+@pytest.mark.parametrize("name", ["cu130", "cu130-sglang0523"])
+def test_gpu_profiles_hold_the_all_reduce_to_the_hosts_own_figure(name):
+    assert prof.load_profile(name=name)["postcheck"]["smoke"]["allreduce_min_busbw_ratio"] == 0.8
+
+
+def test_role_postcheck_records_the_sweep_before_and_compares_after():
+    tasks = yaml.safe_load((ROOT / "roles/postcheck/tasks/baseline.yml").read_text())
+    (before,) = [t for t in tasks if "gpufleet.upgrade.gpu_smoke_test" in t]
+    assert (
+        before["gpufleet.upgrade.gpu_smoke_test"]["allreduce_record_path"]
+        == "{{ postcheck_smoke_allreduce_baseline_path }}"
+    )
+    (after,) = [
+        t
+        for t in yaml.safe_load((ROOT / "roles/postcheck/tasks/smoke.yml").read_text())
+        if "gpufleet.upgrade.gpu_smoke_test" in t
+    ]
+    args = after["gpufleet.upgrade.gpu_smoke_test"]
+    assert args["allreduce_baseline"] == "{{ postcheck_smoke_allreduce_baseline_path }}"
+    assert "postcheck_smoke_allreduce_min_busbw_ratio" in args["allreduce_min_busbw_ratio"]
+    assert args["dcgm_level"] == "{{ postcheck_smoke_dcgm_level | int }}"
