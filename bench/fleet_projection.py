@@ -5,7 +5,10 @@ serving group down at once and the controller's CPU busy share, for 100, 500 and
 prepares, then drains, switches, checks, undrains) and with prepare-ahead (every host prepared before the rollout,
 bounded by the site cache's throughput; the batches then only drain, switch, check and undrain).
 
-    python bench/fleet_projection.py [--hosts 100,500,2000] [--forks 16,100] [--model-load-s 120] [--json]
+    python bench/fleet_projection.py [--hosts 100,500,2000] [--forks 16,100] [--slices 1,4] [--model-load-s 120]
+                                     [--json]
+    python bench/fleet_projection.py --hour 500          slices and cores 500 hosts need for an hour, and what bounds it
+    python bench/fleet_projection.py --lab-run .lab/bench/sliced/<stamp>/sliced_run.json   the lab run beside the model
 
 A PROJECTION, not a measurement. Pure Python, no lab. The batches are the collection's own (plugin_utils/_batches.py
 ``plan``, as playbooks/plays/batches.yml calls it), with serving groups from ``gpufleet_batch_by``. Every input is
@@ -18,9 +21,16 @@ The model (each point is an assumption, printed with the table):
   throughput)), then per wave: preflight + backup + toolkit, install (unpack, bytecode), then the drained part: drain
   wait, switch + restart (the import with bytecode + the model load), post-check. A host is drained from the drain task
   to the undrain task, which waits for every wave: drained time = waves * (drain + switch + post-check).
-- The controller: each host costs ``cpu_s_per_host`` CPU seconds, spread over min(cores, forks) cores; a batch takes at
-  least hosts * cpu / min(cores, forks) seconds. When that bound is longer than the hosts' own time, the batch (and its
-  drained time) stretches by the ratio.
+- The controller: each host costs ``cpu_s_per_host`` CPU seconds (the whole process tree: main process, workers,
+  connections), spread over min(cores / slices, forks) cores; of it ``main_cpu_s_per_host`` is the main process's,
+  which is one thread: one core per ``ansible-playbook``, whatever the cores, less the share its strategy loop burns
+  polling while hosts wait (``idle_main_cpu_per_s``). A batch takes at least the longer of the two bounds; when that
+  is longer than the hosts' own time, the batch (and its drained time) stretches by the ratio.
+- Slices (``slices``, AWX job slicing or separate jobs): each is one ``ansible-playbook`` over whole serving groups
+  (group i to slice i mod slices, ``--limit`` by group as docs/awx.md advises), planning its own batches with the
+  group cap; no group is in two slices, so the cap holds across them. They run at once and share the controller's
+  cores and the site cache; the rollout ends with the last slice. Beside it, the share a group could lose if the
+  slices split each group's hosts among them (AWX's own split): each slice's cap, added up.
 - Prepare-ahead: a first run (``gpufleet_stop_after: prepare``) in batches of ``prepare_batch_size`` (nothing is
   drained, so no serving-group cap) with ``prepare_forks``: per batch fetch through the cache, then per wave
   preflight + backup + toolkit and install; it costs ``prepare_cpu_share`` of a host's controller CPU. The rollout
@@ -105,12 +115,26 @@ def measured_inputs() -> dict:
     bytecode_s = round(2.77 * 34_514 / 5_339, 1)
     return {
         "cpu_s_per_host": Input(
-            11.9,
+            33.0,
             "CPU s",
-            "bench/controller_cpu.py on the lab (2026-12-07): the controller's process tree CPU of a first upgrade,"
-            " 191.05 s for N = 16 (11.9 s a host; the straight line through N = 1, 4, 16 gives 11.0 s a host plus"
-            " 14.6 s a run; 13.4 s a host before the task cuts of that day)",
+            "measured (lab): bench/controller_cpu.py --hosts 1,4, twice (issue 46, load 7-23 on 2 cores): the"
+            " process tree's CPU of a first upgrade, 19.6-33.0 s a host; the upper end (11.9 s a host at load 3.5-6"
+            " on 2026-12-07)",
         ),
+        "main_cpu_s_per_host": Input(
+            15.0,
+            "CPU s",
+            "measured (lab): the same runs (issue 46): ansible-playbook's main process alone, 6-15 s a host; the"
+            " upper end",
+        ),
+        "idle_main_cpu_per_s": Input(
+            0.0,
+            "CPU s/s",
+            "measured (controller): bench/idle_cost.py, the main process while hosts wait, with ansible.cfg's"
+            " internal_poll_interval = 0.05 (0.03 CPU-s a second at Ansible's default 0.001: --idle-main-cpu-per-s"
+            " 0.03 for a run without it)",
+        ),
+        "slices": Input(1, "slices", "parameter: ansible-playbook processes at once (AWX job_slice_count)"),
         "wheel_bytes": Input(
             4.37 * GB, "B", "bench/real_stack.py on the default index (2026-12-07): 208 wheels, 4.37 GB (the lock)"
         ),
@@ -138,9 +162,14 @@ def measured_inputs() -> dict:
         ),
         "forks": Input(_forks_in_cfg(), "forks", "ansible.cfg forks"),
         "batch_size": Input([1, "10%", "25%"], "serial", "playbooks/plays/batches.yml: gpufleet_batch_size default"),
-        "group_max": Input("25%", "hosts", "playbooks/plays/batches.yml: gpufleet_batch_group_max default"),
+        "group_max": Input("10%", "hosts", "playbooks/plays/batches.yml: gpufleet_batch_group_max default"),
         # Assumptions: not measured here.
-        "model_load_s": Input(120.0, "s", "assumption (parameter): the engine loads its model and answers /health"),
+        "model_load_s": Input(
+            120.0,
+            "s",
+            "assumption (parameter): the engine loads its model and answers /health (no return-to-service figure of"
+            " a real model recorded yet: --report <report.json> reads the hosts' serving return edges instead)",
+        ),
         "drain_wait_s": Input(60.0, "s", "assumption (parameter): requests in flight end after the drain"),
         "preflight_backup_toolkit_s": Input(
             60.0, "s", "assumption (parameter): preflight, backup and the toolkit's unpack on the host"
@@ -157,7 +186,12 @@ def measured_inputs() -> dict:
         "prepare_cpu_share": Input(
             0.6, "share", "assumption (parameter): share of a host's controller CPU spent before the drain"
         ),
-        "group_size": Input(16, "hosts", "assumption (parameter): hosts per serving group (gpufleet_batch_by)"),
+        "group_size": Input(
+            16,
+            "hosts",
+            "assumption (parameter): hosts per serving group (gpufleet_batch_by); the cap is at least 1 host: at"
+            " 10 % a group of 16 loses 1 (6 %), of 20 loses 2, of 4 (500 hosts' last group of 16) loses 1 (25 %)",
+        ),
     }
 
 
@@ -199,58 +233,239 @@ def fleet(n, group_size):
     return hosts, {h: f"group-{i // group_size:04d}" for i, h in enumerate(hosts)}
 
 
-def _stretched(host_s, hosts, cpu_s, cores, forks):
-    """A stage's wall and its stretch: the hosts' own time, or the controller's CPU bound when that is longer."""
-    controller_s = hosts * cpu_s / max(1, min(cores, forks))
-    wall = max(host_s, controller_s)
+def _stretched(host_s, hosts, cpu_s, cores, forks, main_cpu_s=0.0, idle=0.0):
+    """A stage's wall and its stretch: the hosts' own time, or the controller's CPU bound when that is longer: the
+    process tree's CPU over min(cores, forks) cores, or the main process's on its one core (less the share its
+    strategy loop burns polling, ``idle`` CPU-s a second)."""
+    controller_s = hosts * cpu_s / max(1e-9, min(cores, forks))
+    main_s = hosts * main_cpu_s / max(1e-9, 1.0 - idle)
+    wall = max(host_s, controller_s, main_s)
     return wall, (wall / host_s if host_s else 1.0)
 
 
-def project(n, forks, ahead, p, with_groups=True, lock_file=False) -> dict:
-    """One case: ``p`` maps each input's name to its value. Returns the wall, the drained time per host (mean over
-    hosts), the largest group share down, the controller CPU and its busy share, and the batches."""
-    hosts, groups = fleet(n, p["group_size"])
-    batches = _batches.plan(hosts, p["batch_size"], groups if with_groups else None, p["group_max"])
-    plain = _batches.plan(hosts, p["batch_size"], None)
+def slice_hosts(hosts, groups, slices):
+    """``slices`` lists of hosts: whole serving groups, group i (in inventory order) to slice i mod slices."""
+    order = list(dict.fromkeys(groups[h] for h in hosts))
+    return [[h for h in hosts if order.index(groups[h]) % slices == k] for k in range(slices)]
+
+
+def split_group_share(hosts, groups, p, slices):
+    """The share of a group that could be down at once if the slices split each group's hosts among them (host i to
+    slice i mod slices, AWX's own split): each slice's largest share of the group in one batch, added up."""
+    worst = {}
+    size = {}
+    for g in groups.values():
+        size[g] = size.get(g, 0) + 1
+    for k in range(slices):
+        part = hosts[k::slices]
+        for batch in _batches.plan(part, p["batch_size"], groups, p["group_max"]) if part else []:
+            seen = {}
+            for h in batch:
+                seen[groups[h]] = seen.get(groups[h], 0) + 1
+            for g, c in seen.items():
+                worst.setdefault(g, {})[k] = max(worst.get(g, {}).get(k, 0), c)
+    return max((sum(per.values()) / size[g] for g, per in worst.items()), default=0.0)
+
+
+def _slice_rollout(batches, forks, ahead, p, cores):
+    """One slice's rollout after the plan: its wall, drained seconds summed over hosts, CPU, main-process CPU."""
     nbytes = p["wheel_bytes"] + p["toolkit_bytes"]
     install = p["install_s"] + p["bytecode_s"]
     drained_part = p["drain_wait_s"] + p["import_s"] + p["model_load_s"] + p["postcheck_s"]
-    cores, cpu = p["controller_cores"], p["cpu_s_per_host"]
-    wall = 0.0 if lock_file else p["plan_s"]
-    cpu_total, prepare_wall = 0.0, 0.0
-    if ahead:
-        pf = p["prepare_forks"]
-        for batch in _batches.plan(hosts, p["prepare_batch_size"]):
-            size = len(batch)
-            host_s = fetch_s(size, pf, nbytes, p["cache_bytes_per_s"], p["host_link_bytes_per_s"])
-            host_s += waves(size, pf) * (p["preflight_backup_toolkit_s"] + install)
-            prepare_wall += _stretched(host_s, size, cpu * p["prepare_cpu_share"], cores, pf)[0]
-        wall += prepare_wall
-        cpu_total += n * cpu * p["prepare_cpu_share"]
-    drained_sum = 0.0
+    cpu, main, idle = p["cpu_s_per_host"], p.get("main_cpu_s_per_host", 0.0), p.get("idle_main_cpu_per_s", 0.0)
+    cache = p["cache_bytes_per_s"] / p.get("slices", 1)
+    wall = drained = cpu_total = 0.0
     for batch in batches:
         size, w = len(batch), waves(len(batch), forks)
         before = w * p["preflight_backup_toolkit_s"]
         if not ahead:
-            before += fetch_s(size, forks, nbytes, p["cache_bytes_per_s"], p["host_link_bytes_per_s"]) + w * install
-        batch_wall, stretch = _stretched(before + w * drained_part, size, cpu, cores, forks)
+            before += fetch_s(size, forks, nbytes, cache, p["host_link_bytes_per_s"]) + w * install
+        batch_wall, stretch = _stretched(before + w * drained_part, size, cpu, cores, forks, main, idle)
         wall += batch_wall
-        drained_sum += size * w * drained_part * stretch
+        drained += size * w * drained_part * stretch
         cpu_total += size * cpu
+    return wall, drained, cpu_total
+
+
+def _slice_prepare(hosts, p, cores):
+    """One slice's prepare-ahead run (no drain, no group cap): its wall."""
+    pf, install = p["prepare_forks"], p["install_s"] + p["bytecode_s"]
+    nbytes = p["wheel_bytes"] + p["toolkit_bytes"]
+    cache = p["cache_bytes_per_s"] / p.get("slices", 1)
+    share = p["prepare_cpu_share"]
+    wall = 0.0
+    for batch in _batches.plan(hosts, p["prepare_batch_size"]) if hosts else []:
+        size = len(batch)
+        host_s = fetch_s(size, pf, nbytes, cache, p["host_link_bytes_per_s"])
+        host_s += waves(size, pf) * (p["preflight_backup_toolkit_s"] + install)
+        main = p.get("main_cpu_s_per_host", 0.0) * share
+        idle = p.get("idle_main_cpu_per_s", 0.0)
+        wall += _stretched(host_s, size, p["cpu_s_per_host"] * share, cores, pf, main, idle)[0]
+    return wall
+
+
+def project(n, forks, ahead, p, with_groups=True, lock_file=False) -> dict:
+    """One case: ``p`` maps each input's name to its value (``slices``: ansible-playbook processes at once, 1 unless
+    given). Returns the wall, the drained time per host (mean over hosts), the largest group share down (with whole
+    groups per slice, and with the slices splitting groups), the controller CPU and its busy share, and the
+    batches."""
+    slices = int(p.get("slices", 1))
+    hosts, groups = fleet(n, p["group_size"])
+    parts = [part for part in slice_hosts(hosts, groups, slices) if part]
+    cores = p["controller_cores"]
+    per_slice_cores = cores / len(parts)
+    plans = [_batches.plan(part, p["batch_size"], groups if with_groups else None, p["group_max"]) for part in parts]
+    batches = [b for plan in plans for b in plan]
+    plain = _batches.plan(hosts, p["batch_size"], None)
+    wall = 0.0 if lock_file else p["plan_s"]
+    prepare_wall = max(_slice_prepare(part, p, per_slice_cores) for part in parts) if ahead else 0.0
+    wall += prepare_wall
+    cpu_total = n * p["cpu_s_per_host"] * p["prepare_cpu_share"] if ahead else 0.0
+    rollouts = [_slice_rollout(plan, forks, ahead, p, per_slice_cores) for plan in plans]
+    rollout_wall = max(r[0] for r in rollouts)
+    wall += rollout_wall
+    cpu_total += sum(r[2] for r in rollouts)
+    main_total = n * p.get("main_cpu_s_per_host", 0.0) * ((1 + p["prepare_cpu_share"]) if ahead else 1)
     return {
         "hosts": n,
         "forks": forks,
+        "slices": len(parts),
         "mode": "prepare-ahead" if ahead else "per batch",
         "batches": len(batches),
+        "batches_per_slice": max(len(plan) for plan in plans),
         "largest_batch": max(len(b) for b in batches),
         "wall_s": round(wall, 1),
         "prepare_wall_s": round(prepare_wall, 1),
-        "drained_s_per_host": round(drained_sum / n, 1),
+        "rollout_wall_s": round(rollout_wall, 1),
+        "drained_s_per_host": round(sum(r[1] for r in rollouts) / n, 1),
         "group_share_down": round(group_share(batches, groups), 3),
+        "group_share_down_groups_split": round(split_group_share(hosts, groups, p, len(parts)), 3)
+        if with_groups
+        else None,
         "group_share_down_plain_serial": round(group_share(plain, groups), 3),
         "controller_cpu_s": round(cpu_total, 1),
+        "main_cpu_s_per_slice": round(main_total / len(parts), 1),
         "controller_busy": round(cpu_total / (wall * cores), 3) if wall else 0.0,
     }
+
+
+# --- what bounds the hour ----------------------------------------------------------------------------------------
+
+
+def bounds(n, forks, ahead, p, lock_file=False) -> dict:
+    """Lower bounds of the wall (seconds), each from one input alone, for ``p["slices"]`` slices: the group cap (the
+    most batches one slice runs in series, each the hosts' own batch time), the main process (one core a slice), the
+    controller's cores (all CPU), the site cache (every host's bytes), the plan."""
+    slices = int(p.get("slices", 1))
+    hosts, groups = fleet(n, p["group_size"])
+    parts = [part for part in slice_hosts(hosts, groups, slices) if part]
+    free = dict(p, cpu_s_per_host=0.0, main_cpu_s_per_host=0.0)
+    hosts_own = max(
+        _slice_rollout(_batches.plan(part, p["batch_size"], groups, p["group_max"]), forks, ahead, free, 1)[0]
+        for part in parts
+    )
+    share = (1 + p["prepare_cpu_share"]) if ahead else 1
+    idle = p.get("idle_main_cpu_per_s", 0.0)
+    nbytes = p["wheel_bytes"] + p["toolkit_bytes"]
+    return {
+        "group cap and forks (the hosts' own batch times in series, in waves of forks)": round(hosts_own, 1),
+        "main process (one core a slice)": round(
+            max(len(part) for part in parts) * p.get("main_cpu_s_per_host", 0.0) * share / max(1e-9, 1 - idle), 1
+        ),
+        "controller cores (all CPU)": round(n * p["cpu_s_per_host"] * share / p["controller_cores"], 1),
+        "site cache (every host's bytes)": round(n * nbytes / p["cache_bytes_per_s"], 1),
+        "plan": 0.0 if lock_file else p["plan_s"],
+    }
+
+
+def hour(n, forks, ahead, p, target_s=3600.0, lock_file=False, most=64) -> dict:
+    """The fewest slices whose projected wall is within ``target_s``, the cores they need (one a slice for the main
+    process, and the whole CPU over the wall), and which input bounds the wall; or, when no slice count reaches it,
+    the bound that no slicing moves."""
+    rows = []
+    for slices in range(1, most + 1):
+        rows.append((slices, project(n, forks, ahead, dict(p, slices=slices), lock_file=lock_file)))
+        if rows[-1][1]["wall_s"] <= target_s or rows[-1][1]["slices"] < slices:  # met, or more slices than groups
+            break
+    # Not met: the fewest slices within 1 % of the shortest wall (more slices no longer help).
+    shortest = min(r["wall_s"] for _s, r in rows)
+    slices, row = next((s, r) for s, r in rows if r["wall_s"] <= max(target_s, shortest * 1.01))
+    limits = bounds(n, forks, ahead, dict(p, slices=slices), lock_file)
+    cores = max(slices, math.ceil(row["controller_cpu_s"] / row["wall_s"]) if row["wall_s"] else slices)
+    return {
+        "hosts": n,
+        "mode": row["mode"],
+        "target_s": target_s,
+        "met": row["wall_s"] <= target_s,
+        "slices": slices,
+        "cores": cores,
+        "wall_s": row["wall_s"],
+        "rollout_wall_s": row["rollout_wall_s"],
+        "bounds": limits,
+        "bounding": max(limits, key=limits.get),
+        "rounds": row["batches_per_slice"],
+        "round_s_for_target": round(target_s / row["batches_per_slice"], 1),
+        "group_share_down": row["group_share_down"],
+        "group_share_down_groups_split": row["group_share_down_groups_split"],
+        "row": row,
+    }
+
+
+# --- measured inputs from runs --------------------------------------------------------------------------------
+
+
+def _median(values):
+    values = sorted(v for v in values if isinstance(v, (int, float)))
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def return_inputs(inputs, reports) -> None:
+    """The restart's inputs from runs' report.json: the median over hosts of the serving return (``return.total_s``:
+    stop -> process up -> /health -> warm, role serving's serving_return and the post-check's warm-up) replaces the
+    import and the model load, labelled measured with the reports named."""
+    totals = []
+    for path in reports:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        totals += [(h.get("return") or {}).get("total_s") for h in doc.get("hosts", [])]
+    total = _median(totals)
+    if total is None:
+        return
+    where = ", ".join(str(r) for r in reports)
+    count = sum(1 for t in totals if isinstance(t, (int, float)))
+    inputs["model_load_s"] = Input(total, "s", f"measured: median serving return (total_s) of {count} host(s), {where}")
+    inputs["import_s"] = Input(0.0, "s", "measured: inside model_load_s (the serving return from the stop)")
+
+
+def lab_predict(run) -> dict:
+    """The model over a lab run of bench/sliced_run.py (its JSON): the same hosts, groups, slices and cap, the
+    collection's own batches, each batch the median host's own time (measured: the reports' duration_s), the
+    controller's CPU a host (measured: each slice's process tree and main process) on the lab's cores shared by
+    the slices; the slices' predicted walls beside the measured ones."""
+    groups = run.get("groups") or {}
+    names = [k for k in run if k.startswith("slice") and isinstance(run[k], dict)]
+    cores = run.get("cores") or 2
+    out = {"cores": cores, "slices": {}}
+    durations = [d for k in names for d in run[k]["host_duration_s"].values()]
+    host_s = _median(durations)
+    for name in names:
+        sl = run[name]
+        hosts = sl["hosts"]
+        cpu, main = sl["tree_cpu_s"] / len(hosts), (sl.get("main_cpu_s") or 0.0) / len(hosts)
+        plan = _batches.plan(hosts, [len(hosts)], groups or None, run.get("group_max") or "10%")
+        wall = sum(_stretched(host_s, len(b), cpu, cores / len(names), 16, main)[0] for b in plan)
+        out["slices"][name] = {
+            "batches": [len(b) for b in plan],
+            "host_s": host_s,
+            "cpu_s_per_host": round(cpu, 1),
+            "main_cpu_s_per_host": round(main, 1),
+            "predicted_wall_s": round(wall, 1),
+            "measured_wall_s": sl["wall_s"],
+            "error": round(wall / sl["wall_s"] - 1, 3) if sl.get("wall_s") else None,
+        }
+    return out
 
 
 # --- output ------------------------------------------------------------------------------------------------------
@@ -258,17 +473,41 @@ def project(n, forks, ahead, p, with_groups=True, lock_file=False) -> dict:
 
 def table(rows) -> str:
     head = (
-        "| hosts | forks | mode | batches (largest) | wall | of it prepare-ahead | drained per host | largest group"
-        " share down (batch_by / plain serial) | controller CPU busy |"
+        "| hosts | forks | mode | slices | batches (largest) | wall | of it prepare-ahead | drained per host | largest"
+        " group share down (batch_by, whole groups a slice / groups split over slices / plain serial) | main process"
+        " CPU a slice | controller CPU busy |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
+        split = r["group_share_down_groups_split"]
         lines.append(
-            f"| {r['hosts']:,} | {r['forks']} | {r['mode']} | {r['batches']} ({r['largest_batch']})"
+            f"| {r['hosts']:,} | {r['forks']} | {r['mode']} | {r['slices']} | {r['batches']} ({r['largest_batch']})"
             f" | {seconds(r['wall_s'])} | {seconds(r['prepare_wall_s']) if r['prepare_wall_s'] else '-'}"
             f" | {seconds(r['drained_s_per_host'])}"
-            f" | {r['group_share_down']:.0%} / {r['group_share_down_plain_serial']:.0%} | {r['controller_busy']:.0%} |"
+            f" | {r['group_share_down']:.0%} / {'-' if split is None else f'{split:.0%}'}"
+            f" / {r['group_share_down_plain_serial']:.0%} | {seconds(r['main_cpu_s_per_slice'])}"
+            f" | {r['controller_busy']:.0%} |"
         )
+    return "\n".join(lines)
+
+
+def hour_text(h) -> str:
+    head = (
+        f"{h['hosts']:,} hosts, {h['mode']}: "
+        + (
+            f"{h['slices']} slice(s) and {h['cores']} core(s) make it in {seconds(h['wall_s'])}"
+            if h["met"]
+            else f"not within {seconds(h['target_s'])} at any slice count; best {seconds(h['wall_s'])} with"
+            f" {h['slices']} slice(s) and {h['cores']} core(s)"
+        )
+        + f"; the wall is bounded by the {h['bounding']}; a group loses at most {h['group_share_down']:.0%} at once"
+        f" (whole groups a slice; {h['group_share_down_groups_split']:.0%} if the slices split the groups)"
+    )
+    lines = [head] + [f"  - {name}: {seconds(v)}" for name, v in h["bounds"].items()]
+    lines.append(
+        f"  - a slice runs {h['rounds']} batches in series (the group cap): each must take at most"
+        f" {seconds(h['round_s_for_target'])} for {seconds(h['target_s'])}"
+    )
     return "\n".join(lines)
 
 
@@ -294,8 +533,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", help="gpufleet_batch_size as a comma list, e.g. 1,10%%,25%%")
     parser.add_argument("--group-max", help="gpufleet_batch_group_max, e.g. 25%% or 2")
     parser.add_argument("--lock-file", action="store_true", help="a reviewed lock file: no plan in the run")
+    parser.add_argument("--slices", default="1", help="ansible-playbook processes at once (AWX slices), a list")
+    parser.add_argument("--hour", type=int, help="the slices and cores this many hosts need for an hour, and the bound")
+    parser.add_argument("--target-s", type=float, default=3600.0, help="the wall --hour aims at")
+    parser.add_argument("--report", action="append", default=[], help="a run's report.json: its serving returns")
+    parser.add_argument("--lab-run", help="a bench/sliced_run.py JSON: the model beside the lab run")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    settable = [n for n, i in inputs.items() if "assumption" in i.source or n in ("install_s", "cpu_s_per_host")]
+    own = ("install_s", "cpu_s_per_host", "main_cpu_s_per_host", "idle_main_cpu_per_s", "drain_wait_s")
+    settable = [n for n, i in inputs.items() if "assumption" in i.source or n in own]
     for name in settable:
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=None)
     args = parser.parse_args(argv)
@@ -309,11 +554,27 @@ def main(argv=None) -> int:
         if given:
             inputs[name].value = given.split(",") if name == "batch_size" else given
             inputs[name].source = "given on the command line"
+    if args.report:
+        return_inputs(inputs, args.report)
     values = {name: item.value for name, item in inputs.items()}
+    if args.lab_run:
+        compared = lab_predict(json.loads(Path(args.lab_run).read_text(encoding="utf-8")))
+        print(json.dumps(compared, indent=1))
+        return 0
+    if args.hour:
+        forks = int(args.forks.split(",")[0])
+        plans = [hour(args.hour, forks, ahead, values, args.target_s, args.lock_file) for ahead in (False, True)]
+        if args.json:
+            print(json.dumps({"inputs": {k: vars(v) for k, v in inputs.items()}, "hour": plans}, indent=1))
+            return 0
+        print(inputs_text(inputs) + "\n")
+        print("\n".join(hour_text(h) for h in plans))
+        return 0
     rows = [
-        project(int(n), int(f), ahead, values, lock_file=args.lock_file)
+        project(int(n), int(f), ahead, dict(values, slices=int(sl)), lock_file=args.lock_file)
         for n in args.hosts.split(",")
         for f in args.forks.split(",")
+        for sl in args.slices.split(",")
         for ahead in (False, True)
     ]
     if args.json:
