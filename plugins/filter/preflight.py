@@ -102,7 +102,7 @@ def preflight_gates(
         ("python", _python(probe["python"], host, python, python_version)),
         ("gpu", _gpu(bool(gpu_required), nvml, host)),
     ):
-        report[name] = said
+        report[name] = _said(said, failed, host)
         failures += failed
     paths = probe["disk"]["paths"]
     disk = disk_gate(
@@ -117,14 +117,24 @@ def preflight_gates(
         venv_free_bytes=int(venv_free_bytes),
         space_factor=float(space_factor),
     )
-    report["disk"] = disk["report"]
+    report["disk"] = _said(disk["report"], disk["failures"], host)
     failures += disk["failures"]
     if check_mirrors:
-        report["mirrors"], failed = _mirrors(list(mirror_urls or []), controller_mirrors, probe["mirrors"], host)
+        said, failed = _mirrors(list(mirror_urls or []), controller_mirrors, probe["mirrors"], host)
+        report["mirrors"] = _said(said, failed, host)
         failures += failed
-    report["drained"], failed = _drained(probe["drained"], host, drained_check_cmd)
+    said, failed = _drained(probe["drained"], host, drained_check_cmd)
+    report["drained"] = _said(said, failed, host)
     failures += failed
     return {"report": report, "failures": failures}
+
+
+def _said(said: str, failed: list, host: str) -> str:
+    """A failed gate's report entry with its own reasons whole (``failed: <what>; fix: ...``): the run's report files
+    keep every gate's reason, not only the outcome line cut to length."""
+    if said != "failed" or not failed:
+        return said
+    return "failed: " + "; ".join(f[len(host) + 2 :] if f.startswith(f"{host}: ") else f for f in failed)
 
 
 class FilterModule:

@@ -142,8 +142,11 @@ def gates_of(facts) -> list:
     for name, gate in ((facts.get("postcheck_result") or {}).get("gates") or {}).items():
         gate = gate if isinstance(gate, dict) else {}
         status = gate.get("status") if gate.get("status") in ("passed", "failed", "skipped") else "failed"
-        message = "; ".join(str(r) for r in gate.get("reasons") or []) or "; ".join(
-            str(n) for n in gate.get("notes") or []
+        # A skipped gate says why (its skipped_reason: no GPU, disabled, check mode).
+        message = (
+            "; ".join(str(r) for r in gate.get("reasons") or [])
+            or "; ".join(str(n) for n in gate.get("notes") or [])
+            or str(gate.get("skipped_reason") or "")
         )
         gates.append(_gate(f"postcheck.{name}", status, message))
     return gates
@@ -452,6 +455,19 @@ def _junit_time(value):
     return f"{float(value or 0):.3f}"
 
 
+JUNIT_SUMMARY = 120
+
+
+def junit_summary(message: str) -> str:
+    """The first clause of a reason (up to "; fix:" or a sentence's end), at most JUNIT_SUMMARY characters."""
+    text = str(message or "")
+    for stop in ("; fix:", ". Fix:", "; "):
+        if stop in text:
+            text = text.split(stop, 1)[0]
+            break
+    return text if len(text) <= JUNIT_SUMMARY else text[: JUNIT_SUMMARY - 3].rstrip() + "..."
+
+
 def to_junit(doc) -> str:
     """JUnit XML: one testsuite per host, one testcase per gate and one for the host's outcome.
 
@@ -501,10 +517,11 @@ def to_junit(doc) -> str:
                 "testcase",
                 {"name": name, "classname": f"gpufleet.{doc['kind']}.{record['host']}", "time": _junit_time(took)},
             )
+            # The attribute is the one line a CI page lists; the element's text keeps the reason and its fix whole.
             if status == "failed":
-                ET.SubElement(case, "failure", {"type": name, "message": message}).text = message
+                ET.SubElement(case, "failure", {"type": name, "message": junit_summary(message)}).text = message
             elif status == "skipped":
-                ET.SubElement(case, "skipped", {"message": message})
+                ET.SubElement(case, "skipped", {"message": junit_summary(message)}).text = message
         ET.SubElement(suite, "system-out").text = "\n".join(
             f"{p['name']}: {p['note']}" + (f" ({seconds(p['duration_s'])})" if p["duration_s"] is not None else "")
             for p in record["phases"]

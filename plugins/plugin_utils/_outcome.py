@@ -222,9 +222,9 @@ def phase_note(phase, facts) -> dict:
     if phase == "prepare":
         # Where the lock came from (a reviewed lock file, or made now and where it was written), for the run's report.
         origin = f" (lock {facts['lock_origin']})" if facts.get("lock_origin") else ""
-        return {
-            phase: f"ok: {facts.get('venv_rebuild_path') or '?'} built and verified{origin}, the host still serving"
-        }
+        # A verified venv of the lock found in place (an earlier prepare ahead) is reused, not built again.
+        how = "reused (verified earlier)" if facts.get("venv_rebuild_reused") else "built and verified"
+        return {phase: f"ok: {facts.get('venv_rebuild_path') or '?'} {how}{origin}, the host still serving"}
     if phase == "venv_rebuild":
         return {phase: f"ok: current -> {facts.get('venv_rebuild_path') or '?'}"}
     if phase == "postcheck":

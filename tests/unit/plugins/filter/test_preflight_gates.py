@@ -75,7 +75,13 @@ def test_every_failed_gate_is_listed_with_the_host_the_value_and_the_fix():
     assert "answered 403 from the controller (Forbidden)" in failures[4]
     assert "answered -1 from the host (connection refused)" in failures[5]
     assert "exited 3 (still serving 12 requests)" in failures[6] and "fix: drain the host first" in failures[6]
-    assert [out["report"][k] for k in ("python", "gpu", "disk", "mirrors", "drained")] == ["failed"] * 5
+    # Each failed gate keeps its own reasons and fix whole (report.json, junit.xml read them), without the host.
+    report = out["report"]
+    assert report["python"] == "failed: " + failures[1].removeprefix("gpu1: ")
+    assert report["gpu"] == "failed: " + failures[2].removeprefix("gpu1: ")
+    assert report["disk"] == "failed: " + failures[3].removeprefix("gpu1: ")
+    assert report["mirrors"] == "failed: " + "; ".join(f.removeprefix("gpu1: ") for f in failures[4:6])
+    assert report["drained"] == "failed: " + failures[6].removeprefix("gpu1: ")
 
 
 def test_the_gpu_verdict_of_nvml_info_is_recorded_as_it_is():
