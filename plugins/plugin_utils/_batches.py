@@ -66,7 +66,7 @@ def plan(hosts, serial=None, groups=None, group_max=None):
 
     hosts: the play's hosts in inventory order. groups: ``{host: group}`` (a host absent from it is in the group
     ``""``); None plans Ansible's own batches. group_max: the most hosts of one group per batch, a count or a
-    percentage of the group (default '25%' when groups are given).
+    percentage of the group (default '10%' when groups are given).
     """
     hosts = list(hosts)
     position = {host: i for i, host in enumerate(hosts)}
@@ -111,7 +111,7 @@ def group_caps(groups, hosts, group_max):
     members = {}
     for host in hosts:
         members.setdefault(str(groups.get(host, "") or ""), []).append(host)
-    limit = "25%" if group_max is None or str(group_max).strip() == "" else group_max
+    limit = "10%" if group_max is None or str(group_max).strip() == "" else group_max
     return {g: max(1, _amount(limit, len(m), "gpufleet_batch_group_max", minimum=1)) for g, m in members.items()}
 
 
