@@ -130,9 +130,10 @@ def measured_inputs() -> dict:
         "idle_main_cpu_per_s": Input(
             0.0,
             "CPU s/s",
-            "measured (controller): bench/idle_cost.py, the main process while hosts wait, with ansible.cfg's"
-            " internal_poll_interval = 0.05 (0.03 CPU-s a second at Ansible's default 0.001: --idle-main-cpu-per-s"
-            " 0.03 for a run without it)",
+            "measured (controller): bench/idle_cost.py --hosts 1,4 --wait-s 20 (load 17-25 on 2 cores), the main"
+            " process while hosts wait: 0.001-0.0065 CPU-s a second with ansible.cfg's internal_poll_interval = 0.05"
+            " (noise: a CPU tick is 0.01 s), 0.022 at Ansible's default 0.001 (--idle-main-cpu-per-s 0.022 for a run"
+            " without the setting)",
         ),
         "slices": Input(1, "slices", "parameter: ansible-playbook processes at once (AWX job_slice_count)"),
         "wheel_bytes": Input(
