@@ -501,6 +501,12 @@ def hour_text(h) -> str:
             else f"not within {seconds(h['target_s'])} at any slice count; best {seconds(h['wall_s'])} with"
             f" {h['slices']} slice(s) and {h['cores']} core(s)"
         )
+        + (
+            f" (the rollout {seconds(h['rollout_wall_s'])} after {seconds(h['wall_s'] - h['rollout_wall_s'])} of"
+            " prepare-ahead, while the hosts serve)"
+            if h["mode"] == "prepare-ahead"
+            else ""
+        )
         + f"; the wall is bounded by the {h['bounding']}; a group loses at most {h['group_share_down']:.0%} at once"
         f" (whole groups a slice; {h['group_share_down_groups_split']:.0%} if the slices split the groups)"
     )
