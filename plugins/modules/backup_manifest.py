@@ -81,6 +81,13 @@ options:
     type: list
     elements: path
     default: []
+  file_globs:
+    description:
+      - Patterns of more files to copy (the serving unit's drop-ins, C(<unit>.service.d/*.conf)), each match in name
+        order after O(files); a pattern that matches nothing (no drop-in folder) adds nothing and warns nothing.
+    type: list
+    elements: path
+    default: []
   results_dir:
     description: Folder of baseline post-check and benchmark results (C(*.json)) to keep with the backup.
     type: path
@@ -169,6 +176,7 @@ partials_removed:
 """
 
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -289,7 +297,8 @@ def snapshot(module):
         "alternatives": alternatives(module, p["alternatives_name"]),
         "toolkits": toolkits(p["cuda_root"]),
     }
-    files = [bk.file_record(path) for path in p["files"]]
+    matched = [path for pattern in p["file_globs"] for path in sorted(glob.glob(pattern))]
+    files = [bk.file_record(path) for path in p["files"] + matched]
     results = []
     if p["results_dir"] and os.path.isdir(p["results_dir"]):
         for name in sorted(os.listdir(p["results_dir"])):
@@ -446,6 +455,7 @@ def main():
             "cuda_link": {"type": "path", "default": "/usr/local/cuda"},
             "alternatives_name": {"type": "str", "default": "cuda"},
             "files": {"type": "list", "elements": "path", "default": []},
+            "file_globs": {"type": "list", "elements": "path", "default": []},
             "results_dir": {"type": "path"},
             "archive": {"type": "bool", "default": False},
             "keep": {"type": "int", "default": 5},

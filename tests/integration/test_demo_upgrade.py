@@ -66,6 +66,13 @@ def test_audit_upgrade_audit(fleet, run_playbook, node_exec, tmp_path):
         envvars={"GPUFLEET_SUMMARY_FILE": str(summary)},
     )
     assert upgrade.rc == 0, upgrade
+    # A clean run warns of nothing: neither ansible-core ("Using a template for task args is unsafe", a find that
+    # skipped a missing drop-in folder) nor the summary callback, and no task's result carries a warning.
+    warned = [line for line in upgrade.stdout.splitlines() if "WARNING]" in line]
+    warned += [
+        f"{r.host} {r.task}: {w}" for rs in upgrade.results.values() for r in rs for w in r.res.get("warnings") or []
+    ]
+    assert warned == [], warned
     outcomes = json.loads(summary.read_text())
     text = json.dumps(outcomes)
     for node in fleet.nodes:
