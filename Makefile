@@ -26,6 +26,13 @@ demo: setup mirrors
 	$(PY) -m lab down --name lab
 	$(PY) -m lab up $(LAB_NODES) --name lab
 	ansible-playbook -i inventories/lab/hosts.yml playbooks/upgrade.yml -e gpufleet_bench_enabled=true
+	@echo ""
+	@echo "What next (in a new shell, from this folder, first: . .venv/bin/activate):"
+	@echo "  ansible-playbook -i inventories/lab/hosts.yml playbooks/audit.yml --check --diff   # both hosts in sync"
+	@echo "  ansible-playbook -i inventories/lab/hosts.yml playbooks/rollback.yml -e gpufleet_rollback_all=true"
+	@echo "  the fleet report: the path the line 'gpufleet report:' above gives (report.html, .md, .json, junit.xml)"
+	@echo "  docs/operator-guide.md: the same on your own fleet, from the installed collection (make build)"
+	@echo "  make lab-down   # remove the lab hosts and stop the mirrors"
 
 mirrors: setup
 	$(PY) -m lab image
@@ -37,6 +44,7 @@ lab-up: mirrors
 
 lab-down:
 	$(PY) -m lab down --name lab
+	$(PY) -m lab mirrors stop
 
 ## The tests.
 test: setup lint sanity unit molecule integration

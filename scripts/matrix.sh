@@ -17,9 +17,11 @@ tooling_py=$repo/.venv/bin/python
 uv=$repo/.venv/bin/uv
 
 # ansible-core minor : Python (pyenv) : ansible bundle of that ansible-core. 2.20 and later need Python >= 3.12.
-declare -A PYTHON=([2.19]=3.12 [2.20]=3.12 [2.21]=3.13)
-declare -A BUNDLE=([2.19]=12.3.0 [2.20]=13.8.0 [2.21]=14.5.0)
-versions=${MATRIX_VERSIONS:-2.19 2.20 2.21}
+# A version no bundle carries yet (CORE) gets its ansible-core beside the newest bundle's collections (--no-deps).
+declare -A PYTHON=([2.19]=3.12 [2.20]=3.12 [2.21]=3.13 [2.22]=3.13)
+declare -A BUNDLE=([2.19]=12.3.0 [2.20]=13.8.0 [2.21]=14.5.0 [2.22]=14.5.0)
+declare -A CORE=([2.22]=2.22.0)
+versions=${MATRIX_VERSIONS:-2.19 2.20 2.21 2.22}
 steps=${MATRIX_STEPS-sanity unit e2e}
 out=$repo/build/matrix
 mkdir -p "$out"
@@ -49,11 +51,16 @@ venv_for() {
   py=$(python_for "${PYTHON[$v]}")
   [[ -x $py ]] || { echo "matrix: no Python ${PYTHON[$v]} under pyenv for ansible-core $v (pyenv install ${PYTHON[$v]})" >&2; exit 1; }
   venv=$repo/.venv/matrix/$v
-  stamp=$venv/.pins-$( (echo "$py ${BUNDLE[$v]}"; cat requirements.txt; test_pins) | sha256sum | cut -c1-12)
+  stamp=$venv/.pins-$( (echo "$py ${BUNDLE[$v]} ${CORE[$v]:-}"; cat requirements.txt; test_pins) | sha256sum | cut -c1-12)
   if [[ ! -e $stamp ]]; then
     rm -rf "$venv"
     "$uv" venv -q --seed --python "$py" "$venv"
-    "$uv" pip install -q --python "$venv/bin/python" "ansible==${BUNDLE[$v]}" -r requirements.txt $(test_pins)
+    if [[ -n ${CORE[$v]:-} ]]; then
+      "$uv" pip install -q --python "$venv/bin/python" "ansible-core==${CORE[$v]}" -r requirements.txt $(test_pins)
+      "$uv" pip install -q --python "$venv/bin/python" --no-deps "ansible==${BUNDLE[$v]}"
+    else
+      "$uv" pip install -q --python "$venv/bin/python" "ansible==${BUNDLE[$v]}" -r requirements.txt $(test_pins)
+    fi
     touch "$stamp"
   fi
   echo "$venv"

@@ -165,7 +165,9 @@ class CallbackModule(CallbackBase):
         first = everyone.index(batch[0]) if batch and batch[0] in everyone else 0
         k = 1 + sum(1 for end in itertools.accumulate(sizes) if end <= first)
         n = len(sizes)
-        self.batch = {"play": play._uuid, "k": k, "n": n, "hosts": batch}
+        # The hosts of the batches after this one: "0 to go" alone read as the run's end with batch 2 still to come.
+        later = sum(sizes[k:])
+        self.batch = {"play": play._uuid, "k": k, "n": n, "hosts": batch, "later": later}
         self._display.display(f"gpufleet: batch {k} of {n}: {', '.join(batch)} ({len(batch)} host(s))")
 
     def _progress(self, host, report):
@@ -174,9 +176,11 @@ class CallbackModule(CallbackBase):
             kinds = [report_kind(self.reports[h]) for h in self.batch["hosts"] if h in self.reports]
             done = sum(1 for kind in kinds if kind.ok)
             failed = sum(1 for kind in kinds if kind.counts_as_failure)
+            later, left = self.batch["later"], self.batch["n"] - self.batch["k"]
+            then = f"; {later} host(s) in {left} batch(es) to come" if later else ""
             line += (
                 f" (batch {self.batch['k']} of {self.batch['n']}: {done} done, {failed} failed,"
-                f" {len(self.batch['hosts']) - len(kinds)} to go)"
+                f" {len(self.batch['hosts']) - len(kinds)} to go in this batch{then})"
             )
         self._display.display(line)
 

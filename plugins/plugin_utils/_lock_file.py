@@ -47,10 +47,11 @@ PACKAGE_KEYS = ("name", "version", "filename", "url", "sha256", "index", "size",
 # (index, controller, uv) and what the wheel takes unpacked (preflight sizes the new venv by it).
 OPTIONAL_PACKAGE_KEYS = ("sha256_source", "installed_size")
 _PLATFORM = re.compile(r"^(?P<arch>[A-Za-z0-9_]+)-(?:manylinux_(?P<major>\d+)_(?P<minor>\d+)|linux)$")
+# In the form an operator with the installed collection types (a checkout runs playbooks/<name>.yml the same way).
 HEADER = (
-    "# gpufleet lock file: the wheel set the fleet runs, planned by playbooks/plan.yml.\n"
+    "# gpufleet lock file: the wheel set the fleet runs, planned by gpufleet.upgrade.plan.\n"
     "# Review it and commit it; apply it with\n"
-    "#   ansible-playbook playbooks/upgrade.yml -e gpufleet_lock_file=<this file>\n"
+    "#   ansible-playbook -i <inventory> gpufleet.upgrade.upgrade -e gpufleet_lock_file=<this file>\n"
 )
 
 

@@ -203,13 +203,15 @@ def test_progress_names_the_batch_and_its_hosts_done_and_failed(run):
     progress = [line for line in run.display.lines if line.startswith("gpufleet")]
     assert progress[:2] == [
         "gpufleet: batch 1 of 2: n1 (1 host(s))",
-        "gpufleet: n1: upgraded (batch 1 of 2: 1 done, 0 failed, 0 to go)",
+        # Batch 2 is still to come: the line says so (it read "0 to go" alone, as if the run had ended).
+        "gpufleet: n1: upgraded (batch 1 of 2: 1 done, 0 failed, 0 to go in this batch;"
+        " 2 host(s) in 1 batch(es) to come)",
     ]
     assert progress[2] == "gpufleet: batch 2 of 2: n2, n3 (2 host(s))"
     assert progress[3].startswith("gpufleet: n3: failed preflight") and progress[3].endswith(
-        "0 done, 1 failed, 1 to go)"
+        "0 done, 1 failed, 1 to go in this batch)"
     )
-    assert progress[4].endswith("(batch 2 of 2: 0 done, 2 failed, 0 to go)")
+    assert progress[4].endswith("(batch 2 of 2: 0 done, 2 failed, 0 to go in this batch)")
     assert progress[-1] == (
         f"gpufleet report: {run.run_dir}/report.html (also report.json, report.md, junit.xml in {run.run_dir})"
     )
