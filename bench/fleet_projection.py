@@ -444,7 +444,8 @@ def lab_predict(run) -> dict:
     """The model over a lab run of bench/sliced_run.py (its JSON): the same hosts, groups, slices and cap, the
     collection's own batches, each batch the median host's own time (measured: the reports' duration_s), the
     controller's CPU a host (measured: each slice's process tree and main process) on the lab's cores shared by
-    the slices; the slices' predicted walls beside the measured ones."""
+    the slices, after the plays before the first batch (measured: when the slice's first batch line appeared, 0 when
+    the run did not record it); the slices' predicted walls beside the measured ones."""
     groups = run.get("groups") or {}
     names = [k for k in run if k.startswith("slice") and isinstance(run[k], dict)]
     cores = run.get("cores") or 2
@@ -456,9 +457,13 @@ def lab_predict(run) -> dict:
         hosts = sl["hosts"]
         cpu, main = sl["tree_cpu_s"] / len(hosts), (sl.get("main_cpu_s") or 0.0) / len(hosts)
         plan = _batches.plan(hosts, [len(hosts)], groups or None, run.get("group_max") or "10%")
-        wall = sum(_stretched(host_s, len(b), cpu, cores / len(names), 16, main)[0] for b in plan)
+        in_batches = sum(_stretched(host_s, len(b), cpu, cores / len(names), 16, main)[0] for b in plan)
+        before = min((sl.get("batch_started_s") or {"": 0.0}).values())
+        wall = before + in_batches
         out["slices"][name] = {
             "batches": [len(b) for b in plan],
+            "before_first_batch_s": before,
+            "predicted_batches_s": round(in_batches, 1),
             "host_s": host_s,
             "cpu_s_per_host": round(cpu, 1),
             "main_cpu_s_per_host": round(main, 1),

@@ -52,6 +52,7 @@ from lab import site_cache as sc  # noqa: E402
 
 BENCH_DIR = REPO / ".lab" / "bench" / "sliced"
 REPORT_LINE = re.compile(r"^gpufleet report: (\S+)/report\.html", re.M)
+BATCH_LINE = re.compile(r"^gpufleet: batch \d+ of \d+", re.M)
 
 
 def playbook(lab: str, name: str, extravars: dict, work: Path, tag: str, *extra: str) -> tuple[list[str], dict, Path]:
@@ -136,7 +137,7 @@ def everything(count: int, keep: bool, groups_n: int = 0, group_max: str = "10%"
     up = fs.Upstreams(pad["root"], work / "upstream-logs")
     cache = sc.start(lab, controller_dir=controller, clear=True)
     report: dict = {"hosts": count, "scale": fs.SCALE, "site_cache": cache["url"], "checks": []}
-    report["load_at_start"] = os.getloadavg()
+    report["load_at_start"], report["cores"] = os.getloadavg(), os.cpu_count()
     checks = report["checks"]
 
     def check(ok: bool, what: str) -> None:
@@ -177,6 +178,10 @@ def everything(count: int, keep: bool, groups_n: int = 0, group_max: str = "10%"
             for s in slices:
                 if "rc" in s:
                     continue
+                batches = BATCH_LINE.findall(s["log"].read_text(errors="replace"))
+                s.setdefault("batch_started_s", {})
+                for line in batches[len(s["batch_started_s"]) :]:  # when each batch's line appeared, from the start
+                    s["batch_started_s"][line] = round(time.monotonic() - s["t0"], 1)
                 own = own_cpu_s(s["proc"].pid)
                 s["main_cpu_s"] = own if own is not None else s.get("main_cpu_s")
                 pid, status, usage = os.wait4(s["proc"].pid, os.WNOHANG)
@@ -212,6 +217,7 @@ def everything(count: int, keep: bool, groups_n: int = 0, group_max: str = "10%"
                 "wall_s": s["wall_s"],
                 "tree_cpu_s": s.get("tree_cpu_s"),
                 "main_cpu_s": s.get("main_cpu_s"),
+                "batch_started_s": s.get("batch_started_s"),
                 "host_duration_s": {h["host"]: h.get("duration_s") for h in records},
                 "host_downtime_s": {h["host"]: h.get("downtime_s") for h in records},
                 "run_id": data.get("run_id"),

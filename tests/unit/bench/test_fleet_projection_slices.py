@@ -70,28 +70,27 @@ def test_the_serving_return_from_reports_replaces_the_assumed_model_load(tmp_pat
 
 
 def test_the_model_beside_a_lab_run():
+    def part(hosts, wall, durations, **more):
+        return {
+            "hosts": hosts,
+            "tree_cpu_s": 20,
+            "main_cpu_s": 10,
+            "wall_s": wall,
+            "host_duration_s": durations,
+            **more,
+        }
+
     run = {
         "groups": {"a": "group-0", "b": "group-0", "c": "group-1", "d": "group-1"},
         "group_max": "10%",
         "cores": 2,
-        "slice1": {
-            "hosts": ["a", "b"],
-            "tree_cpu_s": 20,
-            "main_cpu_s": 10,
-            "wall_s": 100,
-            "host_duration_s": {"a": 40, "b": 50},
-        },
-        "slice2": {
-            "hosts": ["c", "d"],
-            "tree_cpu_s": 20,
-            "main_cpu_s": 10,
-            "wall_s": 110,
-            "host_duration_s": {"c": 45, "d": 55},
-        },
+        "slice1": part(["a", "b"], 100, {"a": 40, "b": 50}),
+        "slice2": part(["c", "d"], 110, {"c": 45, "d": 55}, batch_started_s={"batch 1": 10.0, "batch 2": 60.0}),
     }
     out = fp.lab_predict(run)
     # The median host 47.5 s; 1 of a group of 2 at once: 2 batches of 1 in series; the controller's 10 s a host on
-    # 1 core, 5 s of it the main process: shorter. 95 s against 100 and 110.
-    assert out["slices"]["slice1"]["batches"] == [1, 1]
-    assert out["slices"]["slice1"]["predicted_wall_s"] == 95.0
-    assert out["slices"]["slice1"]["error"] == -0.05 and out["slices"]["slice2"]["error"] == round(95 / 110 - 1, 3)
+    # 1 core, 5 s of it the main process: shorter. 95 s against 100; slice 2 started its first batch after 10 s.
+    one, two = out["slices"]["slice1"], out["slices"]["slice2"]
+    assert one["batches"] == [1, 1] and one["before_first_batch_s"] == 0.0
+    assert one["predicted_wall_s"] == 95.0 and one["error"] == -0.05
+    assert two["predicted_wall_s"] == 105.0 and two["error"] == round(105 / 110 - 1, 3)
