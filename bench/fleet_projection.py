@@ -110,9 +110,6 @@ def measured_inputs() -> dict:
         DEVICE / "h100-beside-server-summary.json", "runs", 0, "playbook_wall_s", default=141.5
     )
     postcheck_h200 = _json_field(DEVICE / "h200-summary.json", "runs", 0, "playbook_wall_s", default=108.7)
-    # docs/drain.md: compileall of 5,339 modules took 2.77 s with 16 workers on an H100 host; the real venv of
-    # cu130-sglang0523 holds 34,514 .py files (bench/real_stack.py): the same rate.
-    bytecode_s = round(2.77 * 34_514 / 5_339, 1)
     return {
         "cpu_s_per_host": Input(
             33.0,
@@ -137,19 +134,28 @@ def measured_inputs() -> dict:
         ),
         "slices": Input(1, "slices", "parameter: ansible-playbook processes at once (AWX job_slice_count)"),
         "wheel_bytes": Input(
-            4.37 * GB, "B", "bench/real_stack.py on the default index (2026-12-07): 208 wheels, 4.37 GB (the lock)"
+            4_363_467_244,
+            "B",
+            "bench/real_stack.py --hosts 4 (2026-12-08, docs/profiles.md, real stack at real size): the lock file's"
+            " 208 wheels, what each host pulled through the site cache besides the toolkit (4.45 GB a host with the"
+            " lab's 84 MB of archives; the cache fetched each file once)",
         ),
         "toolkit_bytes": Input(
             _toolkit_bytes(), "B", "stacks/cu130.yml components summed in tests/data/redist/redistrib_13.0.2.json"
         ),
         "install_s": Input(
-            411.0,
+            1_663.0,
             "s",
-            "bench/real_stack.py (2026-12-07): uv's unpack of the 208 wheels, 6 m 51 s on a lab node of a loaded"
-            " 2-core machine (load 9-15): an upper bound for a GPU host",
+            "bench/real_stack.py --hosts 4 (2026-12-08): the role's build on each of 3 lab hosts at once, from the"
+            " host's wheelhouse: venv 1.1-1.5 s, uv pip sync 1,291-1,331 s (unpack and bytecode), verify 275-306 s"
+            " (imports of every compiled package); the slowest host's sum, on a 2-core machine at load 11-19: an"
+            " upper bound for a GPU host (the pull is the fetch below)",
         ),
         "bytecode_s": Input(
-            bytecode_s, "s", "docs/drain.md: 2.77 s per 5,339 modules, 16 workers, H100; x 34,514 files"
+            0.0,
+            "s",
+            "included in install_s: the role's uv pip sync compiles (--compile-bytecode); the 2026-12-07 inputs"
+            " added 17.9 s for it on top of an install that already compiled",
         ),
         "postcheck_s": Input(
             postcheck_cold,

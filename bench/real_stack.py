@@ -112,7 +112,10 @@ def lab_profile(real: Path, out_dir: Path) -> Path:
     lab = yaml.safe_load((REPO / "stacks" / "lab.yml").read_text())
     profile["description"] += " (bench: the lab's toolkit mirror, serving stand-in and postcheck)"
     profile["cuda"], profile["gpu"], profile["postcheck"] = lab["cuda"], lab["gpu"], lab["postcheck"]
-    profile["serving"] = {**lab["serving"], "env": {"PYTHONPATH": STANDIN_DIR}}
+    # The real profile's health wait, not the lab's 60 s: the stand-in starts on the real venv's Python, which took
+    # 85 s on a 2-core machine at load 15 (three hosts restarting at once) and rolled every host back.
+    health = (profile.get("serving") or {}).get("health_timeout_s", 600)
+    profile["serving"] = {**lab["serving"], "env": {"PYTHONPATH": STANDIN_DIR}, "health_timeout_s": health}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / real.name
     path.write_text(yaml.safe_dump(profile, sort_keys=False))
