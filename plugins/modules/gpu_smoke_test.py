@@ -182,20 +182,21 @@ options:
   allreduce_sizes:
     description:
       - Sizes in bytes the all-reduce sweeps first, ascending, each summed and timed (nccl-tests' bus bandwidth,
-        algbw * 2(n-1)/n, per size in RV(allreduce.sweep)). The default, 1 KiB to 64 MiB by fourfold steps with 512
-        KiB, holds the sizes at which NCCL 2.26.2 crashes on RTX PRO 6000 (512 KiB and more, nccl #2418); the first
+        algbw * 2(n-1)/n, per size in C(allreduce.sweep)). The default, 1 KiB to 64 MiB by fourfold steps with 512
+        KiB, holds the sizes at which NCCL 2.26.2 crashes on RTX PRO 6000 (512 KiB and more, NCCL issue 2418); the first
         size that breaks is named. Empty skips the sweep.
     type: list
     elements: int
+    default: [1024, 4096, 16384, 65536, 262144, 524288, 1048576, 4194304, 16777216, 67108864]
   allreduce_baseline:
     description:
-      - This host's sweep from before the upgrade (RV(allreduce.sweep) of that run, or a mapping bytes -> bus
+      - This host's sweep from before the upgrade (C(allreduce.sweep) of that run, or a mapping bytes -> bus
         bandwidth in GB/s), or the path of a JSON file on the host that holds one (as O(allreduce_record_path) wrote
-        it; a missing file compares nothing, and says so in RV(allreduce.baseline_note)); with
+        it; a missing file compares nothing, and says so in C(allreduce.baseline_note)); with
         O(allreduce_min_busbw_ratio), each size from 1 MiB on must reach that ratio of it.
     type: raw
   allreduce_record_path:
-    description: Write this run's sweep (RV(allreduce.sweep), world size, time) as JSON at this path on the host, for a
+    description: Write this run's sweep (C(allreduce.sweep), world size, time) as JSON at this path on the host, for a
       later run's O(allreduce_baseline) (role postcheck's entry point baseline, before the upgrade); not in check mode.
     type: path
   allreduce_min_busbw_ratio:

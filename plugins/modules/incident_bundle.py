@@ -53,11 +53,15 @@ options:
     description: Archive member name -> content (text, or data written as JSON), e.g. the run record.
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 author:
   - gpufleet maintainers (@gpufleet)
 """

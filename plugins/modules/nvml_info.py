@@ -27,7 +27,7 @@ description:
     NVIDIA Xid line logged since the serving unit's main process started (its C(ExecMainStartTimestampMonotonic), or
     O(xid.since_s)) is mapped to its GPU by PCI bus id; an Xid of O(xid.fail_on) fails the host, naming the GPU, the
     Xid, the line and the fix; others are notes. A log that cannot be read is a note, never a pass in disguise:
-    RV(xid.source) is null then."
+    C(xid.source) is null then."
   - Read-only; never reports changed.
 version_added: 0.1.0
 author: gpufleet maintainers (@gpufleet)
