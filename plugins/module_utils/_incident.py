@@ -96,7 +96,7 @@ def venv_packages(venv: str) -> str:
         site = os.path.join(lib, pyver, "site-packages")
         for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
             if entry.endswith(".dist-info"):
-                name, _, version = entry[: -len(".dist-info")].partition("-")
+                name, _sep, version = entry[: -len(".dist-info")].partition("-")
                 found.append(f"{name}=={version}")
     return "".join(f"{line}\n" for line in sorted(found, key=str.lower))
 
