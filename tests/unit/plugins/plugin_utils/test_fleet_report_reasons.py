@@ -6,35 +6,29 @@ own message and fix in report.json and junit.xml (the attribute one line, the bo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from ansible_collections.gpufleet.upgrade.plugins.filter.preflight import preflight_gates
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _fleet_report as fr
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _outcome as o
 
-GIB = 1 << 30
+_SPEC = importlib.util.spec_from_file_location(
+    "preflight_gates_test", Path(__file__).resolve().parents[1] / "filter" / "test_preflight_gates.py"
+)
+GATES = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(GATES)
+GIB = GATES.GIB
 HOST = "gpu-node-0042.rack17.example.internal"
 LONG_STDERR = "still serving " + "request " * 30
 
 
 def three_failed_gates():
-    probe = {
-        "state": {"previous": {}, "recovery": {"action": "none", "reason": "no earlier run recorded"}},
-        "python": {"rc": 127, "path": ""},
-        "disk": {
-            "paths": [
-                {"path": "/srv/current", "exists": True, "lnk_source": "/srv/venvs/old"},
-                {"path": "/usr/local/cuda", "exists": True, "lnk_source": "/usr/local/cuda-12.8"},
-                {"path": "/usr/local/cuda-13.0/bin/nvcc", "exists": False, "lnk_source": None},
-                {"path": "/srv", "exists": True, "lnk_source": None},
-            ],
-            "du": [f"{4 * GIB}\t/srv/venvs/old", f"{6 * GIB}\t/usr/local/cuda-12.8"],
-            "df": ["Mounted on Avail", f"/ {GIB}", f"/ {GIB}"],
-        },
-        "drained": {"rc": 3, "stderr": LONG_STDERR},
-        "mirrors": [],
-    }
+    # The preflight filter's own test host (tests/unit/plugins/filter/test_preflight_gates.py), three gates failing.
+    probe = GATES.probe(python={"rc": 127, "path": ""}, drained={"rc": 3, "stderr": LONG_STDERR})
+    probe["disk"]["df"] = ["Mounted on Avail", f"/ {GIB}", f"/ {GIB}"]
     return preflight_gates(
         probe,
         host=HOST,
