@@ -3,11 +3,11 @@
 """The fleet gate stops a lab rollout that every host's own gate lets through.
 
 Three lab hosts, batches of one. Every host's old stack serves the stand-in's old rate (54.1 tok/s with
-speculation). Host 2's new stack is set slower than that (52 tok/s, its plain decoding slower still so that
-speculation still pays): about 4 % below its own baseline, within its own gate (the lab profile's
-max_regression_pct 5), but beyond the fleet gate's limit (fleet_max_regression_pct 3). Host 1 upgrades, host 2
-upgrades and passes its post-check, then the fleet gate stops the rollout: host 3 is not started, its report naming
-the batch, the figures and the limit.
+speculation). Each host's own gate is set wide (max_regression_pct 30, as for hosts whose single runs are noisy, like
+this loaded lab's); host 2's new stack is set to 40 tok/s: about 26 % below its own baseline, within its own gate, but
+far beyond the fleet gate's limit (the lab profile's fleet_max_regression_pct 3) and the fleet's noise (the lab's
+runs differ by a few tok/s). Host 1 upgrades, host 2 upgrades and passes its post-check, then the fleet gate stops
+the rollout: host 3 is not started, its report naming the batch, the figures and the limit.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SLOW = {"LAB_SGLANG_SPEC_TOK_S": "52", "LAB_SGLANG_NOSPEC_TOK_S": "45"}
+SLOW = {"LAB_SGLANG_SPEC_TOK_S": "40"}
+# Each host's own gate, wide: the figure the rollout lets through host by host.
+OWN_GATE = {"max_regression_pct": 30}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,15 @@ def test_a_batch_slower_than_the_fleet_stops_the_rollout(fleet, run_playbook):
     (host_vars / f"{slow}.yml").write_text(json.dumps({"serving_env": SLOW}) + "\n")
     try:
         result = run_playbook(
-            "playbooks/upgrade.yml", fleet.inventory, extravars={"gpufleet_batch_size": 1, "gpufleet_drain": "stop"}
+            "playbooks/upgrade.yml",
+            fleet.inventory,
+            # the lab inventory turns the benchmark off; both gates need it
+            extravars={
+                "gpufleet_batch_size": 1,
+                "gpufleet_drain": "stop",
+                "gpufleet_bench_enabled": True,
+                "postcheck_bench_extra_args": OWN_GATE,
+            },
         )
     finally:
         (host_vars / f"{slow}.yml").unlink()
@@ -52,4 +62,6 @@ def test_a_batch_slower_than_the_fleet_stops_the_rollout(fleet, run_playbook):
     assert f"1 host(s): {slow}) is -" in why and "pre-upgrade median" in why and "the limit is -3%" in why
     verdict = result.tasks("Judge the batch against the fleet's pre-upgrade benchmarks (fleet gate)")[-1].res
     gate = verdict["ansible_facts"]["__gpufleet_fleet_gate"]["verdict"]["groups"][0]
-    assert gate["change_pct"] < -3 and gate["change_pct"] > -5, gate
+    assert gate["change_pct"] < -3 and -gate["change_pct"] > gate["noise_floor_pct"], gate
+    own = [t.res for t in result.tasks("Benchmark speculative decoding on the serving unit", host=slow)][-1]
+    assert next(g for g in own["gates"] if g["name"] == "regression")["passed"], own["gates"]
