@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 POS_NONE = 0  # PosEncodingMode.NONE
 
@@ -49,7 +50,7 @@ def build(request):
     started = time.monotonic()
     import torch
     from flashinfer import jit
-    from flashinfer.jit import core, env
+    from flashinfer.jit import env
 
     specs = [spec_of(jit, torch, kernel) for kernel in request["kernels"]]
     present = [s.name for s in specs if s.jit_library_path.exists()]
@@ -57,8 +58,11 @@ def build(request):
     if request.get("check_only"):
         return {"built": [], "present": present, "missing": [s.name for s in missing], "failed": [],
                 "jit_dir": str(env.FLASHINFER_JIT_DIR), "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
-    if missing:
-        core.build_jit_specs(missing, verbose=False, skip_prebuilt=False)
+    # Each spec built as the server builds it (JitSpec.build: ninja run in the spec's own folder, whose .ninja_log the
+    # server's ninja reads). One combined ninja file (core.build_jit_specs) keeps its log in the parent folder, and
+    # the server's ninja, finding no log entry for the outputs, compiled every kernel again (seen on the GPU machine).
+    with ThreadPoolExecutor(max_workers=max(1, len(missing))) as pool:
+        list(pool.map(lambda spec: spec.build(verbose=False), missing))
     built = [s.name for s in missing if s.jit_library_path.exists()]
     failed = [s.name for s in missing if not s.jit_library_path.exists()]
     return {

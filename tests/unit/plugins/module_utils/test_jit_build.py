@@ -23,11 +23,8 @@ arch = "_".join(a.replace(".", "") for a in sorted(os.environ["FLASHINFER_CUDA_A
 FLASHINFER_JIT_DIR = pathlib.Path(os.environ["FLASHINFER_WORKSPACE_BASE"]) / ".cache" / "flashinfer" / "0.6.4" / arch / "cached_ops"
 """  # noqa: E501
 FAKE_CORE = """
-from flashinfer.jit import env
 def build_jit_specs(specs, verbose=False, skip_prebuilt=True):
-    for spec in specs:
-        spec.jit_library_path.parent.mkdir(parents=True, exist_ok=True)
-        spec.jit_library_path.write_text("built")
+    raise AssertionError("one combined ninja file keeps its log where the server's ninja does not read it")
 """
 FAKE_JIT = """
 from flashinfer.jit import env, core
@@ -37,6 +34,11 @@ class Spec:
     @property
     def jit_library_path(self):
         return env.FLASHINFER_JIT_DIR / self.name / (self.name + ".so")
+    def build(self, verbose=False):
+        # as FlashInfer's JitSpec.build: ninja in the spec's own folder, its log beside the output the server reads
+        self.jit_library_path.parent.mkdir(parents=True, exist_ok=True)
+        (self.jit_library_path.parent / ".ninja_log").write_text("log")
+        self.jit_library_path.write_text("built")
 def gen_single_decode_module(dq, dkv, do, hqk, hvo, pos, window, cap):
     return Spec(f"single_decode_with_kv_cache_dtype_q_{dq}_head_dim_qk_{hqk}")
 def gen_single_prefill_module(backend, dq, dkv, do, hqk, hvo, pos, window, cap, fp16):
@@ -85,6 +87,8 @@ def test_it_builds_what_is_missing_for_the_given_sm_into_the_servers_workspace(t
     assert rc == 0 and sorted(done["built"]) == sorted(check["missing"]) and done["present"] == []
     rc, again = build(tmp_path)
     assert again["built"] == [] and len(again["present"]) == 3
+    for name in done["built"]:  # each kernel's ninja log beside it, where the server's own ninja run reads it
+        assert (Path(done["jit_dir"]) / name / ".ninja_log").exists()
     assert old.read_text() == "old stack"  # the old stack's cache, which a rollback needs, is left as it was
 
 
