@@ -129,8 +129,8 @@ def measured_inputs() -> dict:
             "CPU s/s",
             "measured (controller): bench/idle_cost.py --hosts 1,4 --wait-s 20 (load 17-25 on 2 cores), the main"
             " process while hosts wait: 0.001-0.0065 CPU-s a second with ansible.cfg's internal_poll_interval = 0.05"
-            " (noise: a CPU tick is 0.01 s), 0.022 at Ansible's default 0.001 (--idle-main-cpu-per-s 0.022 for a run"
-            " without the setting)",
+            " (noise: a CPU tick is 0.01 s), 0.022-0.036 at Ansible's default 0.001; a second run (--wait-s 30, load"
+            " 10.6-12.5): 0.000-0.002 against 0.025-0.036 (--idle-main-cpu-per-s 0.03 for a run without the setting)",
         ),
         "slices": Input(1, "slices", "parameter: ansible-playbook processes at once (AWX job_slice_count)"),
         "wheel_bytes": Input(
