@@ -97,8 +97,9 @@ def test_upgrade_waits_for_the_job_and_leaves_an_operators_drain(cluster, fleet,
         envvars={"ANSIBLE_TIMEOUT": "60", **cluster["env"]},
         extravars={"gpufleet_drain": "slurm", "gpufleet_batch_size": 2},
     )
-    refused = looked.task(DRAIN_TASK, host=held).res
-    assert refused.get("failed") and refused["drained_by"] == "other", refused
+    look = looked.task(DRAIN_TASK, host=held)
+    refused = look.res
+    assert look.failed and refused["drained_by"] == "other", refused
     assert f"Slurm node {held} was drained (reason '{OPERATOR_REASON}') before this run" in refused["msg"]
     assert "fix: set gpufleet_upgrade_drained_hosts=true" in refused["msg"]
     assert node_state(cluster, held) == f"drained|{OPERATOR_REASON}"
