@@ -15,8 +15,8 @@ description:
     C(lock_file)) and returns its entries, each shaped as the fact C(gpufleet_wheel_lock) that role C(venv_rebuild)
     installs and role C(assess) judges. Asks no index anything.
   - Refuses a file that is not as C(playbooks/plan.yml) wrote it, naming the entry, package and field and the fix
-    (plan it again); that is, a digest of its content that does not match (an edit by hand), an older schema without one, or
-    a package whose name or version is not its wheel's file name's.
+    (plan it again); that is, a digest of its content that does not match (an edit by hand), an older schema without
+    one, or a package whose name or version is not its wheel's file name's.
   - Refuses the file when its profile's name or hash differs from the profile loaded now (role C(stack)); the hash
     covers the profile's content without its URLs and its indexes' C(files) (site mirrors may differ between planning
     and applying).

@@ -34,9 +34,9 @@ def doc():
 def test_report_json_names_the_bundle_and_html_links_it():
     d = doc()
     (n2,) = [r for r in d["hosts"] if r["host"] == "n2"]
-    assert {"name": "incident bundle", "note": "bundles/n2.tar.gz"}.items() <= [
+    assert {"name": "incident bundle", "note": "bundles/n2.tar.gz"}.items() <= next(
         p for p in n2["phases"] if p["name"] == "incident bundle"
-    ][0].items()
+    ).items()
     page = Links()
     page.feed(fr.to_html(d))
     assert page.hrefs == ["bundles/n2.tar.gz"]  # n1 did not fail: no bundle, no link
