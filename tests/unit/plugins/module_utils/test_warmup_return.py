@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 
 import pytest
 from lab_sglang.jit import LabJit, kernels_for
@@ -168,9 +169,17 @@ def test_the_stand_in_compiles_a_shape_once_and_the_warm_up_stops_after_a_quiet_
     _server, url = serve(jit=jit)
     out = sw.run(FakeModule(), params(tmp_path, server_url=url), clock=ticking())
     passes = out["warmup"]["passes"]
-    assert len(passes) == 2 and passes[1]["compiled"] == [] and out["warmup"]["warm"] is True
-    assert set(passes[0]["compiled"]) == {
-        "batch_prefill_ragged", "batch_decode_bs1", "batch_decode_bs2", "sampling_top_k_top_p", "eagle_verify_d4"
+    # The batch a request meets is how many requests the server holds at that moment, which the machine's load
+    # decides (two concurrent requests may or may not overlap; a finished one may still be held): a decode kernel of
+    # a larger batch is built in the first pass that met that batch, if any. The other kernels come with the first
+    # pass; a kernel is built once; the warm-up ends on the first quiet pass.
+    built = [p["compiled"] for p in passes]
+    assert out["warmup"]["warm"] is True and built[-1] == [] and all(built[:-1])
+    assert {"batch_prefill_ragged", "batch_decode_bs1", "sampling_top_k_top_p", "eagle_verify_d4"} <= set(built[0])
+    every = [k for kernels in built for k in kernels]
+    assert len(every) == len(set(every))
+    assert {k for k in every if not k.startswith("batch_decode_bs")} == {
+        "batch_prefill_ragged", "sampling_top_k_top_p", "eagle_verify_d4"
     }  # fmt: skip
     assert out["gates"]["warmup"]["status"] == "passed"
     assert out["gates"]["return"]["skipped_reason"] == "skipped: no return in this run"
@@ -178,7 +187,8 @@ def test_the_stand_in_compiles_a_shape_once_and_the_warm_up_stops_after_a_quiet_
 
 def test_a_prepared_cache_compiles_nothing_and_the_return_is_recorded_for_the_next_run(serve, tmp_path):
     jit = LabJit(tmp_path, "0.6.4", compile_s=0.0)
-    jit.ensure(kernels_for(True, 1, True, 4) + kernels_for(False, 2, True, 4))
+    # Every batch a pass can meet (how many requests the server holds at once follows the machine's load), prepared.
+    jit.ensure([k for batch in (1, 2, 4, 8) for sampled in (True, False) for k in kernels_for(sampled, batch, True, 4)])
     _server, url = serve(jit=jit)
     record = tmp_path / "state" / "serving-return.json"
     record.parent.mkdir()
@@ -209,7 +219,11 @@ def test_a_server_that_keeps_compiling_fails_the_gate_naming_the_kernel(serve, t
     out = sw.run(FakeModule(), params(tmp_path, server_url=url, concurrency=[1], passes=2), clock=ticking())
     assert out["warmup"]["warm"] is False
     assert out["gates"]["warmup"]["status"] == "failed"
-    assert "its last pass built sampling_top_k_top_p in " in out["gates"]["warmup"]["reasons"][0]
+    # The kernel that never stays is built in every pass, the last one included (a decode kernel of a batch that load
+    # made larger may be built beside it: the reason names every kernel of the last pass).
+    assert "sampling_top_k_top_p" in out["warmup"]["passes"][-1]["compiled"]
+    assert re.search(r"its last pass built ([a-z0-9_]+, )*sampling_top_k_top_p(, [a-z0-9_]+)* in ",
+                     out["gates"]["warmup"]["reasons"][0])  # fmt: skip
 
 
 def test_the_stand_in_names_its_kernels_by_shape():
