@@ -45,7 +45,7 @@ def batch_admit(batch, hostvars, hosts, batch_by="", group_max=None, out_of_serv
         # The provider names a host by its server or node name (gpufleet_haproxy_server, gpufleet_slurm_node), by
         # default the inventory name or its short form.
         name = ((hostvars[host] or {}).get(name_var) if name_var else None) or host
-        why = seen.get(name) or seen.get(str(name).split(".")[0])
+        why = seen.get(name) or seen.get(str(name).split(".", maxsplit=1)[0])
         if why:
             out[host] = why
     try:

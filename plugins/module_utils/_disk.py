@@ -41,6 +41,7 @@ def venv_need(lock, current_bytes: int, set_bytes: int, factor: float) -> tuple:
 def du_bytes(path) -> int:
     """``du -sb`` of ``path``, the size the disk gate measures the current venv by; 0 when it cannot tell."""
     try:
+        # pylint: disable-next=ansible-bad-function
         out = subprocess.run(["du", "-sb", path], capture_output=True, text=True, timeout=600, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return 0

@@ -506,7 +506,7 @@ def run_stream(argv, env, checks, timeout_s, popen=subprocess.Popen, clock=time.
 
 def _run_once(argv, env, pending, timeout_s, popen, clock, results):
     stderr = tempfile.TemporaryFile()
-    proc = popen(
+    proc = popen(  # pylint: disable=ansible-bad-function
         [*argv, "--checks", ",".join(pending)],
         stdout=subprocess.PIPE,
         stderr=stderr,
@@ -593,7 +593,7 @@ def run_allreduce(argv, env, world_size, timeout_s, backend, popen=subprocess.Po
         cmd = [*argv, "--rank", str(rank), "--world-size", str(world_size), "--init-file", init_file]
         cmd += ["--backend", backend]
         procs.append(
-            popen(
+            popen(  # pylint: disable=ansible-bad-function
                 cmd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -550,6 +550,7 @@ def _tail(text, limit=1500):
 
 
 def _run(argv, timeout=600, env=None):
+    # pylint: disable-next=ansible-bad-function
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     return proc.returncode, proc.stdout, proc.stderr
 

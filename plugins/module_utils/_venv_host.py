@@ -77,6 +77,7 @@ class StepError(Exception):
 
 def run(argv, timeout=120):
     try:
+        # pylint: disable-next=ansible-bad-function
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -333,6 +334,7 @@ def write_text(path, text):
 
 def command(step, argv, timeout=1800):
     try:
+        # pylint: disable-next=ansible-bad-function
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         shown = " ".join(argv[:4])
@@ -520,7 +522,7 @@ def sync_argv(spec, uv, cache):
 def verify(spec, uv):
     """Run the verifier (verify_venv.py's source) with the new venv's Python: imports happen inside that venv."""
     python = os.path.join(spec["venv"], "bin", "python")
-    proc = subprocess.run(
+    proc = subprocess.run(  # pylint: disable=ansible-bad-function
         [python, "-c", spec["verifier"], json.dumps(spec["verify"]), uv],
         capture_output=True,
         text=True,

@@ -10,12 +10,12 @@ module: jit_cache
 short_description: Build a serving stack's FlashInfer JIT kernels into the cache its server will use, before the drain
 version_added: 0.1.0
 description:
-  - Runs the builder C(plugins/module_utils/_jit_build.py) with the new venv's python (O(python)), the new toolkit
+  - "Runs the builder C(plugins/module_utils/_jit_build.py) with the new venv's python (O(python)), the new toolkit
     (O(cuda_home)) and the host's SMs (O(archs), else every GPU's compute capability from C(nvidia-smi)), so the
     kernels land in C(<workspace_base>/.cache/flashinfer/<version>/<archs>/cached_ops), where the new server's
-    FlashInfer looks first. Needs nvcc, no GPU: the old server keeps serving on the GPUs meanwhile.
-  - Builds only what the cache lacks; C(changed) when it built something. Kernels already there, an old stack's cache
-    (another version folder) and anything else in the folder are left alone: a rollback finds the old cache as it was.
+    FlashInfer looks first. Needs nvcc, no GPU: the old server keeps serving on the GPUs meanwhile."
+  - "Builds only what the cache lacks; C(changed) when it built something. Kernels already there, an old stack's cache
+    (another version folder) and anything else in the folder are left alone: a rollback finds the old cache as it was."
   - In check mode builds nothing and reports the kernels missing (C(missing)), which the caller can call drift.
 attributes:
   check_mode: {support: full, details: builds nothing; the builder only looks which kernels are present.}

@@ -16,9 +16,9 @@ description:
     environment in C(/proc)). The server is warm when one whole pass left every compiled entry as it was.
   - Gate C(warmup) fails a server that still compiled in its last pass (more than O(max_compiled_after_warmup)
     kernels), naming the kernels, or whose requests all failed.
-  - With O(serving_return) (role serving's fact C(serving_return)), completes the return to service with its last
+  - "With O(serving_return) (role serving's fact C(serving_return)), completes the return to service with its last
     edge (C(warm)) and judges it, gate C(return), against the return recorded on the host before (O(record_path),
-    read before this run's is written): within O(max_return_ratio) times that figure. Then records this one there.
+    read before this run's is written): within O(max_return_ratio) times that figure. Then records this one there."
   - Pure logic in C(plugins/module_utils/_warmup.py) and C(_return.py).
 attributes:
   check_mode:
@@ -106,9 +106,9 @@ def argument_spec():
         "cache_dirs": {"type": "list", "elements": "path", "default": []},
         "prompt_set": {"type": "str", "choices": sorted(PROMPT_SETS), "default": "v1"},
         "concurrency": {"type": "list", "elements": "int", "default": [1]},
-        "max_new_tokens": {"type": "int", "default": 16},
+        "max_new_tokens": {"type": "int", "default": 16, "no_log": False},
         "sampling": {"type": "dict", "default": {"temperature": 0.7, "top_p": 0.9, "top_k": 20}},
-        "passes": {"type": "int", "default": 3},
+        "passes": {"type": "int", "default": 3, "no_log": False},
         "request_timeout": {"type": "float", "default": 900},
         "max_compiled_after_warmup": {"type": "int", "default": 0},
         "serving_return": {"type": "dict"},
@@ -157,7 +157,8 @@ def cache_dirs(params, module):
         return list(params["cache_dirs"]), "given"
     server = _server.resolve(params, module.get_bin_path, module.run_command)
     env, source = _server.serving_environment(server.get("main_pid"), None, base_env={})
-    home = _warmup.user_home(server["main_pid"]) if server.get("main_pid") else os.path.expanduser("~")
+    # The server user's home, else this module's user's (no server process to read).
+    home = _warmup.user_home(server.get("main_pid") or os.getpid())
     return _warmup.jit_cache_dirs(env, home), f"the server's environment ({source['kind']})"
 
 

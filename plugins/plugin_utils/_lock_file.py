@@ -24,14 +24,24 @@ import json
 import os
 import re
 import tempfile
+import traceback
 import urllib.error
 import urllib.parse
 import zipfile
 
 import yaml
+from ansible.module_utils.basic import missing_required_lib
 from ansible.module_utils.urls import open_url
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+
+try:
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    HAS_PACKAGING = True
+    PACKAGING_IMPORT_ERROR = None
+except ImportError:  # read on the controller; the checks that compare names and versions refuse without it
+    HAS_PACKAGING = False
+    PACKAGING_IMPORT_ERROR = traceback.format_exc()
 
 from ansible_collections.gpufleet.upgrade.plugins.module_utils._hash_record import HashRecord, MetadataRecord
 from ansible_collections.gpufleet.upgrade.plugins.plugin_utils import _lock
@@ -291,8 +301,18 @@ def _edited_entry(entry: dict, was, now: dict) -> list:
 # ---------------------------------------------------------------------------------------------------- names
 
 
+def require_packaging(what: str) -> None:
+    """Refuse ``what`` (a lock file's check) when the controller's Python lacks packaging, naming the fix."""
+    if not HAS_PACKAGING:
+        raise LockFileError(
+            f"{what} needs the Python library packaging on the controller: {missing_required_lib('packaging')};"
+            " nothing was changed"
+        )
+
+
 def wheel_name_problem(package: dict) -> str | None:
     """Why a package's name and version disagree with its wheel's file name, or None."""
+    require_packaging(f"checking the wheel {package.get('filename')} of the lock file")
     filename = str(package.get("filename"))
     try:
         name, version, _build, _tags = parse_wheel_filename(filename)
@@ -353,6 +373,7 @@ def metadata_problems(entries: list, wheelhouse: str) -> list:
     """Packages and tools whose wheel the wheelhouse holds with the locked sha256 (as recorded: no file is hashed
     here) but whose METADATA names another name or version, or that is no readable wheel. What a wheel's METADATA
     says is kept by its sha256 (``MetadataRecord``): each wheel is opened once."""
+    require_packaging(f"checking the wheels' METADATA in {wheelhouse}")
     held = HashRecord(wheelhouse)
     said = MetadataRecord(wheelhouse)
     problems = []

@@ -43,4 +43,4 @@ def test_refusal_names_user_become_paths_and_fix():
         "access to them. Nothing was changed."
     )
     assert pv.refusal("node1", "root", 0, True, []) == ""
-    assert "become" not in pv.refusal("n", "bob", 5, None, denied).split("cannot write")[0]
+    assert "become" not in pv.refusal("n", "bob", 5, None, denied).split("cannot write", maxsplit=1)[0]

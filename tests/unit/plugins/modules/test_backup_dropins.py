@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from test_safety_modules import backup_args, call, host  # noqa: F401 (host is a fixture)
+from test_safety_modules import backup_args, call, host  # noqa: F401  # pylint: disable=unused-import  (a fixture)
 
 from ansible_collections.gpufleet.upgrade.plugins.modules import backup_manifest
 

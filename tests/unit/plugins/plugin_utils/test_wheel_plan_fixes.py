@@ -58,7 +58,7 @@ def test_a_version_that_does_not_exist_lists_the_nearest_for_the_hosts_and_the_f
 
 
 def test_a_version_between_releases_gets_those_below_and_above_it(default_index):
-    fix = refusal(default_index, "==2.13.5").split(" | ")[-1]
+    fix = refusal(default_index, "==2.13.5").rsplit(" | ", maxsplit=1)[-1]
     assert fix.startswith(
         "nearest versions with a build for Python 3.12 on x86_64-manylinux_2_28:"
         " 2.13.0, 2.12.1, 2.12.0, 2.14.0, 2.14.1;"
@@ -67,12 +67,12 @@ def test_a_version_between_releases_gets_those_below_and_above_it(default_index)
 
 def test_the_nearest_versions_follow_the_hosts_python(default_index):
     # torch 2.15.0 has no cp310 build: hosts on Python 3.10 are offered 2.14.1 first.
-    fix = refusal(default_index, "==2.99.0", python="3.10").split(" | ")[-1]
+    fix = refusal(default_index, "==2.99.0", python="3.10").rsplit(" | ", maxsplit=1)[-1]
     assert fix.startswith("nearest versions with a build for Python 3.10 on x86_64-manylinux_2_28: 2.14.1,")
 
 
 def test_no_build_for_the_hosts_at_any_version_says_so_and_what_to_change(default_index):
-    fix = refusal(default_index, "==2.99.0", local_tag="cu130").split(" | ")[-1]
+    fix = refusal(default_index, "==2.99.0", local_tag="cu130").rsplit(" | ", maxsplit=1)[-1]
     assert fix == (
         "fix: no index of torch has a build for Python 3.12 on x86_64-manylinux_2_28, local tag cu130 at any version:"
         " name an index that has one, or change the profile's python.version or the package's local_tag"
@@ -83,7 +83,11 @@ def test_every_no_build_refusal_ends_with_a_fix():
     c = w.make_candidate("main", "six-1.17.0-py2.py3-none-any.whl", "http://127.0.0.1/six.whl")
     rule = w.PackageRule("six", w.SpecifierSet("==1.16.0"), ["main"])
     state = w.screen(rule, [c], w.Rules(), w.Target("3.11"), w.supported_tags(w.Target("3.11")), dt.date(2026, 1, 1))
-    assert w.no_build_message(state, {}, {}).split(" | ")[-1].startswith("nearest versions with a build for Python")
+    assert (
+        w.no_build_message(state, {}, {})
+        .rsplit(" | ", maxsplit=1)[-1]
+        .startswith("nearest versions with a build for Python")
+    )
     empty = w.screen(rule, [], w.Rules(), w.Target("3.11"), w.supported_tags(w.Target("3.11")), dt.date(2026, 1, 1))
     assert w.no_build_message(empty, {}, {}).endswith(
         "fix: name an index that carries six in its indexes (wheels.packages six)"

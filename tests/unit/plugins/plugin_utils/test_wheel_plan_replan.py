@@ -183,7 +183,7 @@ def test_a_replan_does_not_read_the_dependencies_metadata_again(tmp_path):
         }
         cache_dir = str(tmp_path / "cache")
         plans = []
-        for _ in range(2):
+        for _round in range(2):
             start = len(log.read_text().splitlines())
             lock = wp.make_lock(profile, TARGET, ix.Fetcher(), wp.find_uv(), tools=(), cache_dir=cache_dir)
             plans.append([json.loads(line) for line in log.read_text().splitlines()[start:]])
@@ -209,7 +209,7 @@ def test_metadata_of_a_wheel_listed_with_its_sha256_is_not_asked_for_again_where
         wheels["indexes"][0]["url"] = idx.url
         rules_by_pkg, _rules = w.rules_from_profile(wheels)
         firsts = []
-        for _ in range(2):
+        for _round in range(2):
             fetcher = ix.Fetcher(cache=ix.ValidatorCache(str(tmp_path)))
             (sglang,) = [c for c in wp.probe(fetcher, wheels, rules_by_pkg, target) if c.filename in idx.metadata]
             firsts.append(fetcher.metadata(sglang).requires_dist)
