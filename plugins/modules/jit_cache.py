@@ -17,9 +17,12 @@ description:
   - "Builds only what the cache lacks; C(changed) when it built something. Kernels already there, an old stack's cache
     (another version folder) and anything else in the folder are left alone: a rollback finds the old cache as it was."
   - In check mode builds nothing and reports the kernels missing (C(missing)), which the caller can call drift.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode: {support: full, details: builds nothing; the builder only looks which kernels are present.}
   diff_mode: {support: none}
+  platform: {platforms: posix}
 options:
   python: {description: The new venv's interpreter., type: path, required: true}
   workspace_base:
@@ -38,7 +41,7 @@ options:
     elements: dict
     required: true
   timeout_s: {description: Seconds the build may take., type: int, default: 1800}
-author: [gpufleet maintainers]
+author: gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""

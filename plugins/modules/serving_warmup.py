@@ -20,12 +20,16 @@ description:
     edge (C(warm)) and judges it, gate C(return), against the return recorded on the host before (O(record_path),
     read before this run's is written): within O(max_return_ratio) times that figure. Then records this one there."
   - Pure logic in C(plugins/module_utils/_warmup.py) and C(_return.py).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: sends no request and writes no record; returns the plan and the cache folders it would watch.
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 options:
   server_url: {description: The server's base URL., type: str, default: "http://127.0.0.1:30000"}
   server_unit: {description: The serving unit; its main process's environment names the JIT cache., type: str}
@@ -49,9 +53,9 @@ options:
   max_return_ratio:
     description: Back to service within this many times the host's figure from before; unset = not judged.
     type: float
-  record_path: {description: Where the host's last return is kept (read first, then rewritten)., type: path}
+  record_path: {description: "Where the host's last return is kept (read first, then rewritten).", type: path}
   venv: {description: The venv the server runs (kept in the record)., type: str, default: ""}
-author: [gpufleet maintainers]
+author: gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from test_safety_modules import backup_args, call, host  # noqa: F401  # pylint: disable=unused-import  (a fixture)
+# host is a fixture: pytest finds it by the test's argument name, imported here.
+from test_safety_modules import backup_args, call, host  # noqa: F401  # pylint: disable=unused-import
 
 from ansible_collections.gpufleet.upgrade.plugins.modules import backup_manifest
 
