@@ -172,10 +172,21 @@ def test_allow_stale_takes_the_old_build_and_still_reports_it(indexes):
     assert lock["report"]["flashinfer-python"]["stale_sources"] == ["nightly"]
 
 
-def test_index_unreachable_names_the_index(indexes):
+def test_an_unreachable_index_is_passed_over_and_named_when_another_named_index_serves(indexes):
     prof = profile(indexes)
     prof["wheels"]["indexes"][0]["url"] = f"http://127.0.0.1:{free_port()}/simple"
-    with pytest.raises(ix.IndexUnreachable, match="index 'nightly'"):
+    lock = wp.make_lock(prof, TARGET, ix.Fetcher(timeout=5), wp.find_uv())
+    assert {p["name"] for p in lock["packages"]} >= {"flashinfer-python", "flashinfer-cubin"}
+    said = [wp.refusal_line(r) for r in lock["index_refusals"]]
+    assert said and all("index 'nightly'" in line and "could not be reached" in line for line in said)
+
+
+def test_index_unreachable_names_the_index_when_it_is_the_packages_only_one(indexes):
+    prof = profile(indexes, order=("nightly",))
+    prof["wheels"]["indexes"][0]["url"] = f"http://127.0.0.1:{free_port()}/simple"
+    with pytest.raises(
+        w.PlanError, match=r"every index the profile names for it refused it: index 'nightly' .* could not be reached"
+    ):
         wp.make_lock(prof, TARGET, ix.Fetcher(timeout=5), wp.find_uv())
 
 
